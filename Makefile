@@ -1,0 +1,47 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_HOME := $(CURDIR)/.pactl
+PACTL := PACTL_HOME=$(DEMO_HOME) $(BIN)/pactl
+
+.PHONY: install test test-all lint format demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest -q -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check pactl tests bench
+	$(BIN)/ruff format --check pactl tests bench
+	$(BIN)/mypy pactl
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix pactl tests bench
+	$(BIN)/ruff format pactl tests bench
+
+# download digits -> train -> index -> query, on the CPU, in about a minute.
+demo: $(STAMP)
+	$(PACTL) download digits
+	$(PACTL) train digits --name demo --overwrite
+	$(PACTL) index
+	$(PACTL) query $(DEMO_HOME)/datasets/digits/7/0007.png --k 4 --format table
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_loss.py
+	$(BIN)/python bench/bench_eval.py
+	$(BIN)/python bench/bench_index.py
+
+clean:
+	rm -rf runs .pactl .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,3 @@
+from pactl.cli import main
+
+main()

@@ -1,0 +1,153 @@
+"""Frozen configuration dataclasses and the paper's per-dataset presets.
+
+Every artifact pactl writes carries the config that made it (config.json, checkpoint.pt,
+meta.json), so each can be rebuilt from its own metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    backbone: str = "bn_inception"  # a name in pactl.backbones.BACKBONES (or timm:<name>)
+    weights: str = "imagenet"  # none | imagenet | path to a state_dict file
+    embedding_dim: int = 512  # size of the L2-normalised embedding
+    image_size: int = 224  # side of the square crop the network sees
+    resize_size: int = 256  # test-time resize before the centre crop
+    mean: tuple[float, ...] | None = None  # per-channel normalisation in [0, 1] units;
+    std: tuple[float, ...] | None = None  # None: what the backbone's weights expect
+    pooling: str = "avg+max"  # global average + global max pooling, summed (official head)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 60  # passes over the training split
+    batch_size: int = 180  # images per optimiser step (global, across all processes)
+    lr: float = 1e-4  # AdamW learning rate of the network
+    weight_decay: float = 1e-4  # AdamW weight decay
+    proxy_lr_mult: float = 100.0  # proxies learn this much faster than the network
+    alpha: float = 32.0  # Proxy-Anchor scaling
+    delta: float = 0.1  # Proxy-Anchor margin
+    loss: str = "proxy_anchor"  # a name in pactl.losses.LOSSES
+    warmup_epochs: int = 1  # epochs that train only the head and the proxies
+    lr_decay_step: int = 10  # step decay period in epochs
+    lr_decay_gamma: float = 0.5  # step decay factor
+    freeze_bn: bool = True  # keep BatchNorm statistics of the backbone fixed
+    grad_clip: float = 10.0  # clip gradient values (as the official loop does); 0 disables
+    augment: str = "rrc_flip"  # train-time augmentation: rrc_flip | light | none
+    sampler: str = "shuffle"  # shuffle | m_per_class
+    m_per_class: int = 4  # images per class in a batch with the m_per_class sampler
+    eval_ks: tuple[int, ...] = (1, 2, 4, 8)  # Recall@K reported each epoch
+    eval_every: int = 1  # evaluate every this many epochs (and always after the last)
+    seed: int = 0  # seeds model init, sampling and augmentation
+    workers: int = 4  # DataLoader worker processes
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    amp: str = "none"  # none | bf16 | fp16 autocast; the loss always runs in float32
+    channels_last: bool = False  # NHWC memory layout for convolutions
+    compile: bool = False  # torch.compile the model
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    factory: str | None = None  # a FAISS factory string; None chooses by collection size
+    target_recall: float = 0.95  # Recall@10 against exact search the tuned index must reach
+    memory_budget_gb: float = 8.0  # the default index must fit in this much memory
+
+
+@dataclass(frozen=True)
+class Preset:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    source: str = ""  # where the settings come from
+
+
+_PAPER = "Kim et al., CVPR 2020 (arXiv 2003.13911), official code's README commands"
+
+PRESETS: dict[str, Preset] = {
+    "digits": Preset(
+        model=ModelConfig(
+            backbone="small",
+            weights="none",
+            embedding_dim=64,
+            image_size=32,
+            resize_size=32,
+        ),
+        train=TrainConfig(
+            epochs=12,
+            batch_size=64,
+            lr=2e-3,
+            weight_decay=1e-4,
+            warmup_epochs=0,
+            lr_decay_step=5,
+            lr_decay_gamma=0.5,
+            freeze_bn=False,
+            augment="light",
+            workers=0,
+        ),
+        source="pactl's CPU demo on scikit-learn's digits",
+    ),
+    "cub200": Preset(
+        train=TrainConfig(lr=1e-4, lr_decay_step=10, lr_decay_gamma=0.5, freeze_bn=True, epochs=60),
+        source=_PAPER,
+    ),
+    "cars196": Preset(
+        train=TrainConfig(lr=1e-4, lr_decay_step=20, lr_decay_gamma=0.5, freeze_bn=True, epochs=60),
+        source=_PAPER,
+    ),
+    "sop": Preset(
+        train=TrainConfig(
+            lr=6e-4,
+            lr_decay_step=20,
+            lr_decay_gamma=0.25,
+            freeze_bn=False,
+            epochs=60,
+            eval_ks=(1, 10, 100, 1000),
+        ),
+        source=_PAPER,
+    ),
+    "inshop": Preset(
+        train=TrainConfig(
+            lr=6e-4,
+            lr_decay_step=20,
+            lr_decay_gamma=0.25,
+            freeze_bn=False,
+            epochs=60,
+            eval_ks=(1, 10, 20, 30, 40, 50),
+        ),
+        source=_PAPER,
+    ),
+}
+
+# Folders and CSVs of the user's own get the small CPU-friendly defaults of the digits demo
+# scaled to real photos: a torchvision ResNet-50 at 224.
+DEFAULT_PRESET = Preset(
+    model=ModelConfig(backbone="resnet50"),
+    train=TrainConfig(),
+    source="pactl default for user data",
+)
+
+C = TypeVar("C", ModelConfig, TrainConfig, IndexConfig)
+
+
+def override(config: C, **changes: Any) -> C:
+    """A copy of `config` with the given fields changed; `None` values are ignored."""
+    given = {k: v for k, v in changes.items() if v is not None}
+    return dataclasses.replace(config, **given)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+    """Rebuild a config from its dict, turning lists back into tuples, ignoring unknown keys."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+    return cls(**values)

@@ -1,0 +1,56 @@
+"""Datasets as manifests: the catalog of known sets, user folders and CSVs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pactl.console import Reporter
+from pactl.datasets.catalog import CATALOG, dataset_folder, is_prepared, prepare, spec
+from pactl.datasets.manifest import (
+    Manifest,
+    list_images,
+    manifest_from_folder,
+    read_manifest,
+    write_manifest,
+)
+from pactl.errors import PactlError
+
+__all__ = [
+    "CATALOG",
+    "Manifest",
+    "dataset_folder",
+    "is_prepared",
+    "list_images",
+    "load_source",
+    "manifest_from_folder",
+    "prepare",
+    "read_manifest",
+    "spec",
+    "write_manifest",
+]
+
+
+def load_source(source: str, reporter: Reporter) -> Manifest:
+    """A manifest from a dataset name, a folder (with or without manifest.csv) or a CSV file."""
+    if source in CATALOG:
+        if not is_prepared(source):
+            if not CATALOG[source].offline:
+                raise PactlError(
+                    f"dataset {source!r} is not downloaded yet: run `pactl download {source}`"
+                )
+            reporter.log(f"preparing {source} (first use)")
+            prepare(source, reporter)
+        return read_manifest(dataset_folder(source) / "manifest.csv")
+    path = Path(source)
+    if path.is_dir():
+        if (path / "manifest.csv").is_file():
+            return read_manifest(path / "manifest.csv")
+        return manifest_from_folder(path)
+    if path.is_file():
+        if path.suffix.lower() != ".csv":
+            raise PactlError(f"{path} is not a CSV; give a dataset name, a folder or a .csv")
+        return read_manifest(path)
+    raise PactlError(
+        f"{source!r} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
+        "nor an existing folder or CSV file"
+    )

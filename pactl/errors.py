@@ -1,0 +1,9 @@
+"""The one exception type the command line turns into a one-line message."""
+
+
+class PactlError(Exception):
+    """A failure the user can fix: the message says what was wrong and what to do."""
+
+
+class UsageError(PactlError):
+    """Bad options or arguments (exit code 2)."""

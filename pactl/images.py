@@ -1,0 +1,389 @@
+"""Image decoding, transforms, the Dataset and the class-balanced sampler.
+
+Decoding is strict and explicit: every way a file can fail (missing, unreadable, empty,
+truncated, not an image, too many pixels) becomes one `ImageError` with a short reason, so a
+training or embedding run can skip the file, count it and say why, instead of dying in a
+DataLoader worker or silently learning from a half-decoded picture.
+
+Reproducibility of the random augmentations: torchvision's random transforms draw from torch's
+global generator of the process that runs them. Inside a DataLoader worker that generator is
+seeded by the DataLoader itself (from its `generator=` argument, plus the worker id), so a loader
+built with a seeded `torch.Generator` gives the same augmentations run after run. With
+`num_workers=0` the transforms run in the main process, and the caller seeds torch's global
+generator (`torch.manual_seed`) before iterating.
+
+Everything here is picklable (plain module-level classes and functions, no module state), so
+the Dataset, transforms and `collate` work with worker processes under fork or spawn.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import warnings
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torchvision import transforms as T
+
+from pactl.errors import PactlError
+
+__all__ = [
+    "AUGMENTS",
+    "DEFAULT_MAX_PIXELS",
+    "Batch",
+    "ImageDataset",
+    "ImageError",
+    "MPerClassSampler",
+    "build_transform",
+    "collate",
+    "load_image",
+    "to_rgb",
+]
+
+# Twice PIL's default warning threshold, i.e. the size at which PIL itself refuses an image.
+DEFAULT_MAX_PIXELS = 178_956_970
+
+# Modes holding more than 8 bits per sample that PIL's convert("L") would clip, not scale.
+_WIDE_INT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
+_ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+
+# What PIL's plugins raise on corrupt data: there is no common base class, so the set is named.
+_DECODE_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    IndexError,
+    TypeError,
+    KeyError,
+    struct.error,
+    zlib.error,
+    Image.DecompressionBombError,
+)
+
+Transform = Callable[[Image.Image], torch.Tensor]
+
+
+class ImageError(PactlError):
+    """Why one image could not be decoded; `str()` is one line: '<path>: <reason>'."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        # Both values go to Exception.args so the error survives pickling between processes.
+        super().__init__(str(path), reason)
+        self.path = str(path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def load_image(
+    path: Path | str,
+    target_size: int | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+) -> Image.Image:
+    """Decode `path` into an 8-bit RGB image, upright, with transparency on white.
+
+    `target_size`: the smallest side the caller will still need. A JPEG larger than that is
+    decoded by libjpeg at 1/2, 1/4 or 1/8 scale (draft mode), each side staying >= target_size,
+    which makes huge photos several times cheaper to read. `None` decodes at full size.
+
+    `max_pixels`: images whose header claims more pixels are refused before any pixel data is
+    decoded (decompression-bomb guard), checked per call without touching PIL's globals.
+    PIL's own hard limit (2 x `Image.MAX_IMAGE_PIXELS`) still applies on top of it.
+
+    Raises ImageError for every failure.
+    """
+    if target_size is not None and target_size < 1:
+        raise ValueError(f"target_size must be >= 1, got {target_size}")
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise ImageError(path, "file is empty (0 bytes)")
+            return _decode(fh, path, target_size, max_pixels)
+    except OSError as e:
+        if isinstance(e, UnidentifiedImageError) or e.errno is None:
+            raise ImageError(path, _decode_reason(e)) from e
+        raise ImageError(path, _os_reason(e)) from e
+    except _DECODE_ERRORS as e:
+        raise ImageError(path, _decode_reason(e)) from e
+
+
+def _decode(
+    fh: BinaryIO, path: Path | str, target_size: int | None, max_pixels: int | None
+) -> Image.Image:
+    with warnings.catch_warnings():
+        # Our own limit below replaces PIL's warning threshold; the warning would only be noise.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        img = Image.open(fh)
+    with img:
+        width, height = img.size
+        if max_pixels is not None and width * height > max_pixels:
+            raise ImageError(
+                path,
+                f"{width}x{height} = {width * height} pixels is over the limit of "
+                f"{max_pixels} (possible decompression bomb)",
+            )
+        if target_size is not None:
+            # No-op for formats other than JPEG; for JPEG it must come before load().
+            img.draft("RGB", (target_size, target_size))
+        img.load()  # first frame of an animated GIF/WebP: the file opens positioned on it
+        upright = ImageOps.exif_transpose(img)
+        return to_rgb(upright)
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """8-bit RGB from any PIL mode: 16-bit scaled, transparency composited onto white."""
+    if img.mode in _WIDE_INT_MODES:
+        img = _wide_to_l(img)
+    if img.mode in _ALPHA_MODES or "transparency" in img.info:  # alpha, or a tRNS colour/index
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if img.mode == "RGB":
+        return img.copy()  # a copy owns its pixels, detached from the (closing) file
+    return img.convert("RGB")
+
+
+def _wide_to_l(img: Image.Image) -> Image.Image:
+    # Mode "I" is 32-bit but in practice holds 16-bit samples (PNG, TIFF); values outside
+    # [0, 65535] are clipped. 65535 -> 255, 32768 -> 128 (v / 257, rounded).
+    values = np.asarray(img).astype(np.float64)
+    scaled = np.rint(np.clip(values, 0, 65535) / 257.0).astype(np.uint8)
+    return Image.fromarray(scaled, mode="L")
+
+
+def _os_reason(e: OSError) -> str:
+    reasons = {
+        errno.ENOENT: "file not found",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.EISDIR: "is a directory, not a file",
+    }
+    return reasons.get(e.errno or 0, e.strerror or _one_line(e))
+
+
+def _decode_reason(e: BaseException) -> str:
+    if isinstance(e, UnidentifiedImageError):
+        return "not an image (or a format PIL cannot read)"
+    if isinstance(e, Image.DecompressionBombError):
+        return f"too many pixels (possible decompression bomb): {_one_line(e)}"
+    text = _one_line(e)
+    if "truncated" in text.lower() or isinstance(e, EOFError):
+        return f"truncated file ({text})"
+    return f"corrupt image data ({type(e).__name__}: {text})"
+
+
+def _one_line(e: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def _tensor_tail(mean: Sequence[float], std: Sequence[float]) -> list[Callable]:
+    return [T.ToTensor(), T.Normalize(mean=list(mean), std=list(std))]
+
+
+def _test_steps(image_size: int, resize_size: int) -> list[Callable]:
+    if resize_size == image_size:
+        return [T.Resize((image_size, image_size), antialias=True)]
+    return [T.Resize(resize_size, antialias=True), T.CenterCrop(image_size)]
+
+
+def _rrc_flip_steps(image_size: int, resize_size: int) -> list[Callable]:
+    # The official Proxy-Anchor train transform (torchvision's default scale and ratio ranges).
+    return [T.RandomResizedCrop(image_size, antialias=True), T.RandomHorizontalFlip()]
+
+
+def _light_steps(image_size: int, resize_size: int) -> list[Callable]:
+    # Small jitter for digits and similar: no flip, since a mirrored 2 or 7 is not a 2 or 7.
+    return [
+        T.Resize((image_size, image_size), antialias=True),
+        T.RandomAffine(degrees=10.0, translate=(0.1, 0.1), scale=(0.9, 1.1)),
+    ]
+
+
+AUGMENTS: dict[str, Callable[[int, int], list[Callable]]] = {
+    "rrc_flip": _rrc_flip_steps,
+    "light": _light_steps,
+    "none": _test_steps,
+}
+
+
+def build_transform(
+    image_size: int,
+    resize_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    train: bool,
+    augment: str = "rrc_flip",
+) -> Transform:
+    """PIL RGB image -> normalised (3, image_size, image_size) float tensor.
+
+    Test: Resize(resize_size) then CenterCrop(image_size), or a straight square resize when the
+    two sizes are equal. Train: the steps named by `augment` (a key of AUGMENTS).
+    """
+    if augment not in AUGMENTS:
+        raise KeyError(f"unknown augment {augment!r}; choices: {', '.join(AUGMENTS)}")
+    steps = AUGMENTS[augment] if train else _test_steps
+    return T.Compose([*steps(image_size, resize_size), *_tensor_tail(mean, std)])
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+Sample = tuple[torch.Tensor | None, int, int, str]
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """Files (+ labels) -> (image or None, label or -1, index, failure reason or "")."""
+
+    def __init__(
+        self,
+        files: Sequence[Path | str],
+        labels: np.ndarray | None,
+        transform: Transform,
+        target_size: int | None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    ) -> None:
+        if labels is not None and len(labels) != len(files):
+            raise ValueError(f"{len(files)} files but {len(labels)} labels")
+        # Plain strings pickle small and fast when the dataset is sent to worker processes.
+        self.files = [str(f) for f in files]
+        self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
+        self.transform = transform
+        self.target_size = target_size
+        self.max_pixels = max_pixels
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> Sample:
+        label = -1 if self.labels is None else int(self.labels[i])
+        try:
+            img = load_image(Path(self.files[i]), self.target_size, self.max_pixels)
+        except ImageError as e:
+            return None, label, i, str(e)
+        return self.transform(img), label, i, ""
+
+
+@dataclass
+class Batch:
+    images: torch.Tensor  # (B, 3, H, W) float
+    labels: torch.Tensor  # (B,) int64, -1 where unlabelled
+    indices: torch.Tensor  # (B,) int64 positions in the dataset
+    failed: list[tuple[int, str]] = field(default_factory=list)  # (index, reason) dropped
+
+    def __len__(self) -> int:
+        return int(self.indices.numel())
+
+    def pin_memory(self) -> Batch:
+        # DataLoader(pin_memory=True) calls this on custom batch types.
+        return Batch(
+            self.images.pin_memory(),
+            self.labels.pin_memory(),
+            self.indices.pin_memory(),
+            self.failed,
+        )
+
+
+def collate(samples: list[Sample]) -> Batch:
+    """Stack the decoded samples; record the failed ones instead of raising."""
+    good = [s for s in samples if s[0] is not None]
+    failed = [(s[2], s[3]) for s in samples if s[0] is None]
+    if good:
+        images = torch.stack([s[0] for s in good if s[0] is not None])
+    else:
+        images = torch.empty((0, 3, 0, 0))
+    labels = torch.tensor([s[1] for s in good], dtype=torch.int64)
+    indices = torch.tensor([s[2] for s in good], dtype=torch.int64)
+    return Batch(images, labels, indices, failed)
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+class MPerClassSampler(torch.utils.data.Sampler[int]):
+    """Batches of `batch_size // m` distinct classes with `m` images each.
+
+    Use with `DataLoader(batch_size=batch_size, sampler=...)`: every consecutive chunk of
+    `batch_size` indices is one such batch. Classes are visited in a shuffled order, a fresh
+    shuffle once too few remain for a batch, so every class is seen about equally often; a
+    class with fewer than `m` images is sampled with replacement. The order depends only on
+    the generator's state at construction and the epoch: call `set_epoch(e)` before each epoch
+    to get the same order for epoch e on every run (and on resume). Without it, each new
+    iteration moves on to the next epoch's order.
+    """
+
+    def __init__(
+        self,
+        labels: np.ndarray,
+        m: int,
+        batch_size: int,
+        generator: torch.Generator | np.random.Generator,
+        length: int | None = None,
+    ) -> None:
+        if m < 1 or batch_size < m or batch_size % m:
+            raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of m ({m})")
+        labels = np.asarray(labels)
+        classes, inverse = np.unique(labels, return_inverse=True)
+        self.classes_per_batch = batch_size // m
+        if len(classes) < self.classes_per_batch:
+            raise PactlError(
+                f"a batch of {batch_size} with {m} images per class needs "
+                f"{self.classes_per_batch} classes, but there are only {len(classes)}; "
+                "lower the batch size or raise m"
+            )
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.cumsum(np.bincount(inverse))[:-1]
+        self.members = np.split(order, bounds)  # per class: its dataset indices
+        self.m = m
+        self.batch_size = batch_size
+        total = len(labels) if length is None else length
+        self.num_batches = max(1, total // batch_size)
+        self.seed = _draw_seed(generator)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches * self.batch_size
+
+    def __iter__(self) -> Iterator[int]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        self.epoch += 1
+        k, m = self.classes_per_batch, self.m
+        n_classes = len(self.members)
+        class_order = rng.permutation(n_classes)
+        pos = 0
+        out = np.empty(self.num_batches * self.batch_size, dtype=np.int64)
+        for b in range(self.num_batches):
+            if pos + k > n_classes:  # a batch never straddles two shuffles: no repeated class
+                class_order, pos = rng.permutation(n_classes), 0
+            for j, c in enumerate(class_order[pos : pos + k]):
+                members = self.members[c]
+                picked = rng.choice(members, size=m, replace=len(members) < m)
+                start = b * self.batch_size + j * m
+                out[start : start + m] = picked
+            pos += k
+        return iter(out.tolist())
+
+
+def _draw_seed(generator: torch.Generator | np.random.Generator) -> int:
+    if isinstance(generator, torch.Generator):
+        return int(torch.randint(0, 2**62, (1,), generator=generator).item())
+    return int(generator.integers(0, 2**62))

@@ -1,0 +1,52 @@
+"""Shared fixtures: an isolated PACTL_HOME and runs folder, tiny image folders, a CLI runner."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Every test gets its own PACTL_HOME, runs folder and working directory."""
+    monkeypatch.setenv("PACTL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PACTL_RUNS", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+
+
+def make_class_folder(root: Path, classes: int = 6, per_class: int = 6, size: int = 16) -> Path:
+    """`root/<class>/<n>.png`: each class a distinct colour pattern plus seeded noise."""
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        base = rng.integers(0, 256, size=(1, 1, 3))
+        for n in range(per_class):
+            noise = rng.integers(-20, 21, size=(size, size, 3))
+            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+            (root / f"class_{c}").mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(root / f"class_{c}" / f"{n}.png")
+    return root
+
+
+def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+            stdin: str | None = None) -> tuple[int, str, str]:
+    """Run `pactl ARGS` in-process through the real entry point; returns (code, stdout, stderr)."""
+    import io
+
+    from pactl.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["pactl", *args])
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
