@@ -1,0 +1,56 @@
+"""EmbeddingNet: backbone -> global average + global max pooling -> Linear(dim) -> L2 norm."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pactl.backbones import build_backbone
+from pactl.config import ModelConfig
+from pactl.errors import PactlError
+
+
+class EmbeddingNet(nn.Module):
+    def __init__(self, backbone: nn.Module, feat_dim: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.embedding = nn.Linear(feat_dim, embedding_dim)
+        # The official head's initialisation.
+        nn.init.kaiming_normal_(self.embedding.weight, mode="fan_out")
+        nn.init.zeros_(self.embedding.bias)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        features = self.backbone(images)  # (B, C, h, w)
+        pooled = features.mean(dim=(2, 3)) + features.amax(dim=(2, 3))  # (B, C)
+        return F.normalize(self.embedding(pooled).float(), dim=1)  # (B, dim), unit rows
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return list(self.embedding.parameters())
+
+
+def build_model(config: ModelConfig, seed: int = 0) -> tuple[EmbeddingNet, ModelConfig]:
+    """The network for `config`, and the config with the backbone's preprocessing filled in."""
+    if config.embedding_dim <= 0:
+        raise PactlError(f"--dim must be positive (got {config.embedding_dim})")
+    if config.image_size <= 0 or config.resize_size < config.image_size:
+        raise PactlError("image size must be positive and no larger than the resize size")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        backbone = build_backbone(config.backbone, config.weights)
+        model = EmbeddingNet(backbone.module, backbone.feat_dim, config.embedding_dim)
+    resolved = dataclasses.replace(
+        config,
+        mean=config.mean if config.mean is not None else backbone.mean,
+        std=config.std if config.std is not None else backbone.std,
+    )
+    return model, resolved
+
+
+def freeze_batchnorm(model: nn.Module) -> None:
+    """Keep BatchNorm running statistics fixed (as the official code does for CUB and Cars)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.eval()

@@ -1,0 +1,79 @@
+"""Any timm model as a backbone (`--backbone timm:<name>`, needs `pip install 'pactl[timm]'`).
+
+timm is built without its classifier and pooling (num_classes=0, global_pool=""), so it
+returns its last feature map. The embedding head pools a (B, C, h, w) map, so the other
+layouts timm models return are brought to that shape:
+
+- (B, C, h, w) from convolutional networks: unchanged;
+- (B, h, w, C) from models that declare output_fmt "NHWC" (Swin and others): permuted;
+- (B, N, C) tokens from transformers (ViT, DeiT, EVA...): (B, C, 1, N), so average + max
+  pooling runs over all N tokens, the class and register tokens included;
+- (B, C) from models that pool regardless: (B, C, 1, 1).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import torch
+from torch import nn
+
+from pactl.backbones import Backbone
+from pactl.errors import PactlError
+
+
+class FeatureMap(nn.Module):
+    """A timm model whose output is brought to (B, C, h, w)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.channels_last = getattr(model, "output_fmt", "NCHW") == "NHWC"
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.model(images)
+        if x.dim() == 4:
+            return x.permute(0, 3, 1, 2) if self.channels_last else x
+        if x.dim() == 3:
+            return x.transpose(1, 2).unsqueeze(2)  # (B, N, C) -> (B, C, 1, N)
+        if x.dim() == 2:
+            return x[:, :, None, None]
+        raise ValueError(f"timm model returned a {x.dim()}-d output of shape {tuple(x.shape)}")
+
+
+def build_timm(name: str, pretrained: bool) -> Backbone:
+    """timm model `name` as a feature extractor, with the normalisation its weights expect."""
+    try:
+        import timm
+    except ImportError:
+        raise PactlError(
+            f"backbone timm:{name} needs timm; install it with pip install 'pactl[timm]'"
+        ) from None
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=5)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise PactlError(f"timm has no model {name!r}{hint}; see timm.list_models()")
+    try:
+        model = timm.create_model(name, pretrained=pretrained, num_classes=0, global_pool="")
+    except OSError as e:  # what the download raises offline or on a missing file
+        raise PactlError(f"cannot fetch the weights of timm model {name}: {e}") from None
+    except (AssertionError, RuntimeError, ValueError) as e:  # timm checks options by assert
+        raise PactlError(f"timm cannot build {name} without its classifier: {e}") from None
+    config = timm.data.resolve_data_config({}, model=model)
+    module = FeatureMap(model)
+    mean = tuple(float(v) for v in config["mean"])
+    std = tuple(float(v) for v in config["std"])
+    return Backbone(module, _channels(module, config["input_size"]), mean, std)
+
+
+def _channels(module: FeatureMap, input_size: tuple[int, int, int]) -> int:
+    """The feature map's channels, from one forward pass on a blank image.
+
+    num_features is not enough: some models (MobileNetV3) run a wider 1x1 convolution after it.
+    """
+    was_training = module.training
+    module.eval()  # so the pass leaves BatchNorm statistics alone
+    with torch.no_grad():
+        channels = int(module(torch.zeros(1, *input_size)).shape[1])
+    module.train(was_training)
+    return channels
