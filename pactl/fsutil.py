@@ -33,4 +33,9 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    data = text.encode("utf-8")
+
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    atomic_write(path, write)

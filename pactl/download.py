@@ -1,0 +1,581 @@
+"""Resumable, checksummed HTTP downloads and safe archive extraction.
+
+`fetch` streams a file into `NAME.part`, resumes an interrupted transfer with an HTTP Range
+request, tries each mirror in turn, verifies size and checksum, and only then renames the file
+into place. `extract` unpacks a tar or zip archive member by member, refusing anything that
+would land outside the target folder, and writes a marker only after the last member, so an
+extraction cut halfway is redone on the next run. `gather` puts a dataset's published files
+into a folder from the network, from archives the user fetched, or from a folder they extracted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import shutil
+import stat
+import tarfile
+import time
+import urllib.error
+import urllib.request
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from pactl import __version__
+from pactl.console import Advance, Reporter
+from pactl.errors import PactlError
+from pactl.fsutil import atomic_write_text
+
+CHUNK = 1 << 20
+# Base URLs (space or comma separated) tried before the catalog's own addresses, for a local
+# or institutional mirror that serves the archives under their published file names.
+MIRROR_ENV = "PACTL_MIRROR"
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+# Client errors that another try at the same address will not fix.
+_PERMANENT_HTTP = frozenset({400, 401, 403, 404, 405, 410, 451})
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One published file of a dataset: where it lives and how to recognise it."""
+
+    name: str  # file name on disk, and under a PACTL_MIRROR base URL
+    urls: tuple[str, ...] = ()  # live HTTP(S) addresses, tried in order
+    size: int | None = None  # bytes, where published
+    sha256: str | None = None  # where published
+    md5: str | None = None  # published with the original; checked only where no sha256 is known
+    retired: tuple[str, ...] = ()  # dead or non-HTTP former addresses: for the record, not tried
+    manual: str = ""  # where to fetch it by hand when no direct address exists (licence page)
+
+
+@dataclass(frozen=True)
+class FetchOptions:
+    """How hard to try each address before moving on to the next mirror."""
+
+    attempts: int = 4  # requests per address; each one resumes where the last stopped
+    retry_wait: float = 2.0  # seconds before retry n is n * retry_wait
+    timeout: float = 60.0  # seconds without data before a connection counts as cut
+
+
+@dataclass(frozen=True)
+class Digests:
+    """What a file on disk turned out to be."""
+
+    size: int
+    sha256: str
+    md5: str
+
+
+class ChecksumError(PactlError):
+    """A file's size or digest differs from the published one."""
+
+
+class UnsafeArchive(PactlError):
+    """An archive member would land outside the target folder, or is a device file."""
+
+
+class _TransferError(Exception):
+    """A download attempt failed in a way a retry (or the next mirror) may fix."""
+
+
+class _WrongAddress(_TransferError):
+    """This address will not deliver the file (gone, forbidden, or another file): skip it."""
+
+
+def mirror_urls(archive: Archive) -> list[str]:
+    """The addresses to try for `archive`: $PACTL_MIRROR bases first, then the catalog's."""
+    bases = os.environ.get(MIRROR_ENV, "").replace(",", " ").split()
+    return [f"{b.rstrip('/')}/{archive.name}" for b in bases] + list(archive.urls)
+
+
+def fetch(
+    urls: Sequence[str],
+    dest: Path,
+    reporter: Reporter,
+    *,
+    size: int | None = None,
+    sha256: str | None = None,
+    md5: str | None = None,
+    options: FetchOptions = FetchOptions(),
+) -> Digests:
+    """Download `dest` from the first of `urls` that delivers the expected bytes."""
+    if dest.is_file():
+        with contextlib.suppress(ChecksumError):
+            return verify(dest, reporter, size=size, sha256=sha256, md5=md5)
+        dest.unlink()
+    if not urls:
+        raise PactlError(f"no address to download {dest.name} from")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    # Bytes from one mirror may only be continued from another when a checksum will vouch
+    # for the spliced result.
+    splice_ok = sha256 is not None or md5 is not None
+    failures = []
+    for url in urls:
+        try:
+            digests = _from_address(url, part, reporter, size, sha256, md5, options)
+        except ChecksumError as e:
+            part.unlink(missing_ok=True)
+            failures.append(f"{url}: {e}")
+            continue
+        except _TransferError as e:
+            if not splice_ok:
+                part.unlink(missing_ok=True)
+            failures.append(f"{url}: {e}")
+            continue
+        os.replace(part, dest)
+        reporter.log(f"{dest.name}: {digests.size:,} bytes verified, from {url}")
+        return digests
+    raise PactlError(f"could not download {dest.name}: " + "; ".join(failures))
+
+
+def _from_address(
+    url: str,
+    part: Path,
+    reporter: Reporter,
+    size: int | None,
+    sha256: str | None,
+    md5: str | None,
+    options: FetchOptions,
+) -> Digests:
+    """`part` completed from `url` and verified; a resumed file that fails is fetched afresh."""
+    resumed = part.is_file() and part.stat().st_size > 0
+    _download(url, part, reporter, size, options)
+    try:
+        return verify(part, reporter, size=size, sha256=sha256, md5=md5)
+    except ChecksumError:
+        if not resumed:
+            raise
+    reporter.log(f"{part.name[:-5]}: the resumed file does not verify; downloading it afresh")
+    part.unlink()
+    _download(url, part, reporter, size, options)
+    return verify(part, reporter, size=size, sha256=sha256, md5=md5)
+
+
+def _download(
+    url: str, part: Path, reporter: Reporter, size: int | None, options: FetchOptions
+) -> None:
+    """Bring `part` up to the full file from `url`, resuming after each cut connection."""
+    last: Exception | None = None
+    attempts = options.attempts
+    for attempt in range(1, attempts + 1):
+        try:
+            _stream(url, part, reporter, size, options.timeout)
+            return
+        except urllib.error.HTTPError as e:
+            if e.code in _PERMANENT_HTTP:
+                raise _WrongAddress(f"HTTP {e.code} {e.reason}") from None
+            last = e
+        except _WrongAddress:
+            raise
+        except (OSError, http.client.HTTPException, _TransferError) as e:
+            last = e
+        if attempt < attempts:
+            reporter.log(f"{part.name[:-5]}: {last}; retrying ({attempt}/{attempts - 1})")
+            time.sleep(options.retry_wait * attempt)
+    raise _TransferError(f"gave up after {attempts} tries ({last})")
+
+
+def _stream(url: str, part: Path, reporter: Reporter, size: int | None, timeout: float) -> None:
+    """One HTTP request: append to `part` from where it stops (or restart when refused)."""
+    have = part.stat().st_size if part.is_file() else 0
+    if size is not None and have > size:
+        part.unlink()  # longer than the published file: not ours to continue
+        have = 0
+    if size is not None and have == size:
+        return
+    headers = {"User-Agent": f"pactl/{__version__}"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        response = urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and have:  # range past the end: what we hold cannot be continued
+            part.unlink()
+            raise _TransferError("server refused to resume; starting over") from None
+        raise
+    with response:
+        start = _resume_offset(response, have)
+        length = response.headers.get("Content-Length")
+        served = start + int(length) if length and length.isdigit() else None
+        if size is not None and served is not None and served != size:
+            # An HTML error or consent page, or another file: retrying will not help.
+            raise _WrongAddress(f"serves {served:,} bytes, not the published {size:,}")
+        total = size if size is not None else served
+        with (
+            open(part, "ab" if start else "wb") as f,
+            _byte_bar(reporter, part.name[:-5], total, start) as advance,
+        ):
+            while chunk := response.read(CHUNK):
+                f.write(chunk)
+                advance(len(chunk))
+    got = part.stat().st_size
+    if total is not None and got < total:
+        raise _TransferError(f"connection closed at byte {got:,} of {total:,}")
+
+
+def _resume_offset(response: http.client.HTTPResponse, have: int) -> int:
+    """Where the response body starts: `have` for a matching 206, else 0 (a full restart)."""
+    if not have or response.status != 206:
+        return 0
+    content_range = response.headers.get("Content-Range", "")  # "bytes START-END/TOTAL"
+    try:
+        start = int(content_range.split()[1].split("-")[0])
+    except (IndexError, ValueError):
+        return 0
+    return have if start == have else 0
+
+
+@contextlib.contextmanager
+def _byte_bar(
+    reporter: Reporter, description: str, total: int | None, completed: int
+) -> Iterator[Advance]:
+    """A transfer bar (bytes, speed, time left) on the reporter's console."""
+    if not reporter.show_bars:
+        yield lambda n=1: None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=reporter.console,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task(description, total=total, completed=completed)
+
+        def advance(n: int = 1) -> None:
+            progress.advance(task, n)
+
+        yield advance
+
+
+def digest(path: Path, reporter: Reporter) -> Digests:
+    """Size, sha256 and md5 of a file, in one pass."""
+    sha, md5 = hashlib.sha256(), hashlib.md5()
+    size = path.stat().st_size
+    with open(path, "rb") as f, _byte_bar(reporter, f"checking {path.name}", size, 0) as advance:
+        while block := f.read(CHUNK):
+            sha.update(block)
+            md5.update(block)
+            advance(len(block))
+    return Digests(size=size, sha256=sha.hexdigest(), md5=md5.hexdigest())
+
+
+def verify(
+    path: Path,
+    reporter: Reporter,
+    *,
+    size: int | None = None,
+    sha256: str | None = None,
+    md5: str | None = None,
+) -> Digests:
+    """The file's digests, or ChecksumError when they differ from the published ones."""
+    actual = path.stat().st_size
+    if size is not None and actual != size:
+        raise ChecksumError(f"{path.name} is {actual:,} bytes, the published file {size:,}")
+    found = digest(path, reporter)
+    if sha256 is not None and found.sha256 != sha256.lower():
+        raise ChecksumError(f"{path.name}: sha256 {found.sha256} is not the published {sha256}")
+    if sha256 is None and md5 is not None and found.md5 != md5.lower():
+        raise ChecksumError(f"{path.name}: md5 {found.md5} is not the published {md5}")
+    return found
+
+
+def is_archive(path: Path) -> bool:
+    return path.name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def extract(archive: Path, target: Path, reporter: Reporter) -> bool:
+    """Unpack `archive` into `target` once; False when a finished extraction is already there.
+
+    The marker is written after the last member, so a run cut halfway leaves no marker and the
+    next run rewrites every member instead of trusting what it finds.
+    """
+    marker = target / f".{archive.name}.extracted"
+    stamp = f"{archive.name} {archive.stat().st_size}\n"
+    if marker.is_file() and marker.read_text(encoding="utf-8") == stamp:
+        return False
+    marker.unlink(missing_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    if archive.name.lower().endswith(".zip"):
+        _extract_zip(archive, target, reporter)
+    else:
+        _extract_tar(archive, target, reporter)
+    atomic_write_text(marker, stamp)
+    return True
+
+
+def _extract_tar(archive: Path, target: Path, reporter: Reporter) -> None:
+    root = Path(os.path.realpath(target))
+    try:
+        with (
+            tarfile.open(archive, "r:*") as tf,
+            reporter.bar(f"extracting {archive.name}", total=None) as advance,
+        ):
+            for member in tf:  # streamed: a .tgz is decompressed once
+                _extract_member(tf, member, root, archive)
+                advance()
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise PactlError(f"{archive} is not a readable tar archive ({e})") from None
+
+
+def _extract_member(
+    tf: tarfile.TarFile, member: tarfile.TarInfo, root: Path, archive: Path
+) -> None:
+    dest = _member_path(root, member.name, archive)
+    if member.isdir():
+        _make_dir(root, dest, archive)
+    elif member.isfile():
+        source = tf.extractfile(member)
+        assert source is not None  # a regular member always has data
+        with source:
+            _write_file(root, dest, source, archive)
+    elif member.issym():
+        _make_symlink(root, dest, member.linkname, archive)
+    elif member.islnk():
+        _copy_hardlink(root, dest, member.linkname, archive)
+    else:
+        raise UnsafeArchive(f"{archive}: {member.name!r} is a device file or fifo; refused")
+
+
+def _extract_zip(archive: Path, target: Path, reporter: Reporter) -> None:
+    root = Path(os.path.realpath(target))
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            infos = zf.infolist()
+            for info in infos:  # the whole listing is known up front: refuse before writing
+                _member_path(root, info.filename, archive)
+                kind = stat.S_IFMT(info.external_attr >> 16)
+                if kind not in (0, stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
+                    raise UnsafeArchive(f"{archive}: {info.filename!r} is a device file; refused")
+            with reporter.bar(f"extracting {archive.name}", total=len(infos)) as advance:
+                for info in infos:
+                    _extract_zip_member(zf, info, root, archive)
+                    advance()
+    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise PactlError(f"{archive} is not a readable zip archive ({e})") from None
+
+
+def _extract_zip_member(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, root: Path, archive: Path
+) -> None:
+    dest = _member_path(root, info.filename, archive)
+    if info.is_dir():
+        _make_dir(root, dest, archive)
+    elif stat.S_ISLNK(info.external_attr >> 16):
+        _make_symlink(root, dest, zf.read(info).decode("utf-8"), archive)
+    else:
+        with zf.open(info) as source:
+            _write_file(root, dest, source, archive)
+
+
+def _member_path(root: Path, name: str, archive: Path) -> Path:
+    """Where a member goes; absolute names, drive letters and `..` are refused."""
+    posix = PurePosixPath(name.replace("\\", "/"))
+    parts = [p for p in posix.parts if p not in ("", ".")]
+    if posix.is_absolute() or ".." in parts or (parts and ":" in parts[0]):
+        raise UnsafeArchive(f"{archive}: member {name!r} would land outside {root}; refused")
+    return root.joinpath(*parts)
+
+
+def _inside(root: Path, path: str) -> bool:
+    real = os.path.realpath(path)
+    return real == str(root) or real.startswith(str(root) + os.sep)
+
+
+def _checked_parent(root: Path, dest: Path, archive: Path) -> None:
+    """Create dest's folder, refusing one that a link from an earlier member takes outside."""
+    if not _inside(root, str(dest.parent)):
+        raise UnsafeArchive(f"{archive}: {dest} leads outside {root} through a link; refused")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not _inside(root, str(dest.parent)):
+        raise UnsafeArchive(f"{archive}: {dest} leads outside {root} through a link; refused")
+
+
+def _make_dir(root: Path, dest: Path, archive: Path) -> None:
+    if dest == root:
+        return
+    _checked_parent(root, dest, archive)
+    if dest.is_symlink():
+        dest.unlink()
+    dest.mkdir(exist_ok=True)
+
+
+def _write_file(root: Path, dest: Path, source: IO[bytes], archive: Path) -> None:
+    _checked_parent(root, dest, archive)
+    if dest.is_symlink():
+        dest.unlink()  # never write through a link an earlier member planted
+    with open(dest, "wb") as f:
+        shutil.copyfileobj(source, f, CHUNK)
+
+
+def _make_symlink(root: Path, dest: Path, linkname: str, archive: Path) -> None:
+    _checked_parent(root, dest, archive)
+    pointed = os.path.join(os.path.realpath(dest.parent), linkname)
+    if os.path.isabs(linkname) or not _inside(root, pointed):
+        raise UnsafeArchive(
+            f"{archive}: link {dest.name!r} -> {linkname!r} points outside; refused"
+        )
+    if dest.is_symlink() or dest.is_file():
+        dest.unlink()
+    elif dest.is_dir():
+        raise PactlError(f"{archive}: link {dest.name!r} would replace a folder; refused")
+    os.symlink(linkname, dest)
+
+
+def _copy_hardlink(root: Path, dest: Path, linkname: str, archive: Path) -> None:
+    """A hard link becomes a copy of an already extracted member inside the target."""
+    source = _member_path(root, linkname, archive)
+    if not _inside(root, str(source)) or not source.is_file():
+        raise UnsafeArchive(f"{archive}: hard link {dest.name!r} -> {linkname!r} refused")
+    _checked_parent(root, dest, archive)
+    if dest.is_symlink():
+        dest.unlink()
+    shutil.copyfile(source, dest)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where one file of a prepared dataset came from, for `sources.json`."""
+
+    name: str
+    origin: str  # the local path it was taken from (for a download: where it was saved)
+    digests: Digests | None  # None for a linked folder
+    downloaded: bool  # True when pactl fetched it (and may delete it after preparing)
+
+
+def gather(
+    archives: Sequence[Archive],
+    work: Path,
+    cache: Path,
+    reporter: Reporter,
+    *,
+    dataset: str,
+    source: Path | None = None,
+    is_tree: Callable[[Path], bool] = lambda path: False,
+    options: FetchOptions = FetchOptions(),
+) -> list[Provenance]:
+    """Put the dataset's files into `work`: downloaded, from `source` archives, or linked.
+
+    `source` may be one archive, a folder holding the archives (searched a few levels deep,
+    as a browser or cloud-drive download leaves them), or a folder the user already extracted
+    (recognised by `is_tree`), which is linked rather than copied.
+    """
+    if source is not None and source.is_dir() and is_tree(source):
+        return [_link_tree(source, work)]
+    local = _find_local(archives, source)
+    if source is not None and not local:
+        if source.is_dir():
+            names = ", ".join(a.name for a in archives)
+            raise PactlError(
+                f"{source} holds none of {names} and is not an extracted {dataset} folder"
+            )
+        # One file under another name (a repackaged archive): unpack it and let the parser judge.
+        return [_place(source, work, reporter, digest(source, reporter), downloaded=False)]
+    done = []
+    for archive in archives:
+        path = local.get(archive.name)
+        if path is not None:
+            found = _verify_local(path, archive, reporter)
+            done.append(_place(path, work, reporter, found, downloaded=False))
+            continue
+        urls = mirror_urls(archive)
+        if not urls:
+            raise PactlError(_manual_hint(dataset, archive, source))
+        dest = cache / archive.name
+        known = f" ({archive.size:,} bytes)" if archive.size else ""
+        reporter.log(f"downloading {archive.name}{known}")
+        found = fetch(
+            urls, dest, reporter, size=archive.size, sha256=archive.sha256, md5=archive.md5,
+            options=options,
+        )  # fmt: skip
+        done.append(_place(dest, work, reporter, verified=found, downloaded=True))
+    return done
+
+
+def _verify_local(path: Path, archive: Archive, reporter: Reporter) -> Digests:
+    try:
+        return verify(path, reporter, size=archive.size, sha256=archive.sha256, md5=archive.md5)
+    except ChecksumError as e:
+        raise ChecksumError(
+            f"{e}; if it is another packaging of the same images, pass the folder you "
+            "extracted it to instead"
+        ) from None
+
+
+def _manual_hint(dataset: str, archive: Archive, source: Path | None) -> str:
+    where = f" (not found in {source})" if source is not None else ""
+    page = f" from {archive.manual}" if archive.manual else ""
+    return (
+        f"{archive.name}{where} has no direct download: fetch it by hand{page} and run "
+        f"`pactl download {dataset} --from FOLDER` with the folder holding it"
+    )
+
+
+def _find_local(archives: Sequence[Archive], source: Path | None) -> dict[str, Path]:
+    """Archive name -> the user's copy of it, from a single file or a folder searched 3 deep."""
+    if source is None:
+        return {}
+    names = {a.name for a in archives}
+    if source.is_file():
+        return {source.name: source} if source.name in names else {}
+    found: dict[str, Path] = {}
+    level = [source]
+    for _ in range(4):
+        below = []
+        for folder in level:
+            with contextlib.suppress(OSError):
+                for entry in sorted(folder.iterdir()):
+                    if entry.name in names and entry.is_file():
+                        found.setdefault(entry.name, entry)
+                    elif entry.is_dir() and not entry.name.startswith("."):
+                        below.append(entry)
+        level = below
+    return found
+
+
+def _place(
+    path: Path, work: Path, reporter: Reporter, verified: Digests | None, downloaded: bool
+) -> Provenance:
+    """Unpack an archive into `work`, or copy a plain file (an annotation file) beside it."""
+    if is_archive(path):
+        extract(path, work, reporter)
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, work / path.name)
+    return Provenance(path.name, str(path), verified, downloaded)
+
+
+def _link_tree(source: Path, work: Path) -> Provenance:
+    """Point `work/<name>` at a folder the user extracted, so nothing is copied."""
+    real = source.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    link = work / (real.name or "data")
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    try:
+        link.symlink_to(real, target_is_directory=True)
+    except OSError as e:
+        raise PactlError(
+            f"cannot link {real} into {work} ({e}); pass the archives with --from instead"
+        ) from None
+    return Provenance(link.name, str(real), None, downloaded=False)
