@@ -39,14 +39,14 @@ def _small(pretrained: bool) -> Backbone:
         return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
 
     module = nn.Sequential(
-        *block(3, 32),
+        *block(3, 16),
+        *block(16, 32),
+        nn.MaxPool2d(2),
         *block(32, 64),
         nn.MaxPool2d(2),
         *block(64, 128),
-        nn.MaxPool2d(2),
-        *block(128, 256),
     )
-    return Backbone(module, 256, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    return Backbone(module, 128, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
 def _torchvision(name: str, weights_enum: str, feat_dim: int) -> Constructor:

@@ -76,16 +76,16 @@ PRESETS: dict[str, Preset] = {
             backbone="small",
             weights="none",
             embedding_dim=64,
-            image_size=32,
-            resize_size=32,
+            image_size=24,
+            resize_size=24,
         ),
         train=TrainConfig(
-            epochs=12,
+            epochs=8,
             batch_size=64,
             lr=2e-3,
             weight_decay=1e-4,
             warmup_epochs=0,
-            lr_decay_step=5,
+            lr_decay_step=4,
             lr_decay_gamma=0.5,
             freeze_bn=False,
             augment="light",
@@ -149,5 +149,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 def from_dict(cls: type[C], data: dict[str, Any]) -> C:
     """Rebuild a config from its dict, turning lists back into tuples, ignoring unknown keys."""
     names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+    values: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names
+    }
     return cls(**values)

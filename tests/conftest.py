@@ -33,8 +33,12 @@ def make_class_folder(root: Path, classes: int = 6, per_class: int = 6, size: in
     return root
 
 
-def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-            stdin: str | None = None) -> tuple[int, str, str]:
+def run_cli(
+    args: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stdin: str | None = None,
+) -> tuple[int, str, str]:
     """Run `pactl ARGS` in-process through the real entry point; returns (code, stdout, stderr)."""
     import io
 
@@ -50,3 +54,10 @@ def run_cli(args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,535 @@
+"""The `pactl` command line: thin commands over the library (no torch/faiss at import time)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pactl import __version__
+from pactl.config import DEFAULT_PRESET, PRESETS, IndexConfig, ModelConfig, TrainConfig, override
+from pactl.console import Reporter, err, out
+from pactl.errors import PactlError, UsageError
+from pactl.paths import runs_dir
+
+app = typer.Typer(
+    name="pactl",
+    help="Proxy-Anchor metric learning and FAISS retrieval: labelled images in, "
+    "top-k answers out.\n\n"
+    "  pactl download digits\n\n  pactl train digits\n\n  pactl index\n\n"
+    "  pactl query img.png --k 4",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or log lines.")]
+Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
+Workers = Annotated[int, typer.Option(min=0, help="DataLoader worker processes.")]
+
+
+class Amp(str, Enum):
+    none = "none"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Loss(str, Enum):
+    proxy_anchor = "proxy_anchor"
+    proxy_nca = "proxy_nca"
+    multi_similarity = "multi_similarity"
+    triplet = "triplet"
+    contrastive = "contrastive"
+
+
+class Sampler(str, Enum):
+    shuffle = "shuffle"
+    m_per_class = "m_per_class"
+
+
+class Format(str, Enum):
+    table = "table"
+    csv = "csv"
+    jsonl = "jsonl"
+
+
+def reporter(quiet: bool) -> Reporter:
+    return Reporter(err, quiet=quiet)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        out.print(f"pactl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Version.")
+    ] = False,
+) -> None:
+    """Proxy-Anchor metric learning and FAISS retrieval from the command line."""
+
+
+@app.command()
+def download(
+    name: Annotated[str | None, typer.Argument(help="Dataset name (see --list).")] = None,
+    source: Annotated[
+        Path | None,
+        typer.Option("--from", exists=True, help="Archives or an extracted folder you fetched."),
+    ] = None,
+    list_: Annotated[bool, typer.Option("--list", help="Show the known datasets.")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Fetch a dataset and write its images and manifest.csv under $PACTL_HOME/datasets/NAME.
+
+    [bold]Examples[/bold]
+
+      pactl download digits          # bundled with scikit-learn, no network needed
+
+      pactl download --list
+
+      pactl download cub200 --from ~/Downloads/CUB_200_2011.tgz
+    """
+    from pactl.datasets import catalog
+
+    if list_:
+        show_catalog()
+        return
+    if name is None:
+        raise UsageError("give a dataset name, or --list to see them")
+    folder, did_work = catalog.prepare(name, reporter(quiet), source)
+    if did_work:
+        err.print(f"{name} ready in {folder}")
+    else:
+        err.print(f"{name} is already present in {folder}; nothing to do")
+
+
+def show_catalog() -> None:
+    from rich.table import Table
+
+    from pactl.datasets import catalog
+
+    table = Table("name", "size", "classes", "images", "present", "how", "licence")
+    for row in catalog.status_rows():
+        table.add_row(
+            row.name,
+            row.size,
+            f"{row.classes:,}",
+            f"{row.images:,}",
+            "yes" if row.present else "no",
+            _how(catalog.CATALOG[row.name].offline, row.manual),
+            row.licence,
+        )
+    out.print(table)
+
+
+def _how(offline: bool, manual: bool) -> str:
+    return "bundled" if offline else "--from (manual)" if manual else "download"
+
+
+@app.command()
+def train(
+    source: Annotated[
+        str | None, typer.Argument(help="Dataset name, folder of class sub-folders, or CSV.")
+    ] = None,
+    preset: Annotated[
+        str | None, typer.Option(help=f"Settings preset: {', '.join(PRESETS)} (default: by name).")
+    ] = None,
+    backbone: Annotated[str | None, typer.Option(help="small, bn_inception, resnet50, ...")] = None,
+    weights: Annotated[str | None, typer.Option(help="none | imagenet | PATH.")] = None,
+    dim: Annotated[int | None, typer.Option(help="Embedding size.")] = None,
+    image_size: Annotated[int | None, typer.Option(help="Crop size the network sees.")] = None,
+    resize_size: Annotated[int | None, typer.Option(help="Test-time resize before crop.")] = None,
+    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Global batch size.")] = None,
+    lr: Annotated[float | None, typer.Option(help="AdamW learning rate.")] = None,
+    weight_decay: Annotated[float | None, typer.Option()] = None,
+    proxy_lr_mult: Annotated[float | None, typer.Option(help="Proxies' lr multiplier.")] = None,
+    alpha: Annotated[float | None, typer.Option(help="Proxy-Anchor alpha.")] = None,
+    delta: Annotated[float | None, typer.Option(help="Proxy-Anchor margin delta.")] = None,
+    loss: Annotated[Loss | None, typer.Option(help="Loss to train with.")] = None,
+    warmup_epochs: Annotated[int | None, typer.Option(min=0, help="Head-only epochs.")] = None,
+    lr_decay_step: Annotated[int | None, typer.Option(min=1)] = None,
+    lr_decay_gamma: Annotated[float | None, typer.Option()] = None,
+    freeze_bn: Annotated[bool | None, typer.Option("--freeze-bn/--no-freeze-bn")] = None,
+    sampler: Annotated[Sampler | None, typer.Option(help="shuffle | m_per_class.")] = None,
+    m: Annotated[int | None, typer.Option(min=1, help="Images per class (m_per_class).")] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    workers: Annotated[int | None, typer.Option(min=0, help="DataLoader workers.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N.")] = None,
+    amp: Annotated[Amp | None, typer.Option(help="Mixed precision autocast.")] = None,
+    channels_last: Annotated[
+        bool | None, typer.Option("--channels-last/--no-channels-last")
+    ] = None,
+    compile_: Annotated[bool | None, typer.Option("--compile/--no-compile")] = None,
+    name: Annotated[str | None, typer.Option(help="Run folder name under runs/.")] = None,
+    resume: Annotated[str | None, typer.Option(help="Run folder to continue, or 'latest'.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty run folder.")] = False,
+    print_config: Annotated[bool, typer.Option(help="Show resolved settings and exit.")] = False,
+    quiet: Quiet = False,
+) -> None:
+    """Train an embedding network with the Proxy-Anchor loss; writes runs/<run>/.
+
+    [bold]Examples[/bold]
+
+      pactl train digits                      # about half a minute on a laptop CPU
+
+      pactl train cars196 --amp bf16          # the paper's recipe, on the GPU
+
+      pactl train my_photos/ --backbone resnet50 --epochs 20
+
+      torchrun --nproc-per-node 4 -m pactl train sop
+
+      pactl train --resume latest
+    """
+    from pactl.backbones import constructor_for
+    from pactl.datasets import load_source
+    from pactl.train import fit, latest_run, prepare_run_dir, resumed_configs
+
+    log = reporter(quiet)
+    if resume:
+        run = latest_run(runs_dir()) if resume == "latest" else Path(resume)
+        source, model_cfg, cfg = resumed_configs(run)
+        cfg = override(cfg, epochs=epochs, device=device, workers=workers)
+    else:
+        if source is None:
+            raise UsageError("give a dataset name, folder or CSV to train on (or --resume)")
+        chosen = PRESETS.get(preset or source, DEFAULT_PRESET)
+        if preset and preset not in PRESETS:
+            raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        model_cfg = override(
+            chosen.model,
+            backbone=backbone,
+            weights=weights,
+            embedding_dim=dim,
+            image_size=image_size,
+            resize_size=resize_size,
+        )
+        if image_size and not resize_size:
+            model_cfg = override(model_cfg, resize_size=max(model_cfg.resize_size, image_size))
+        cfg = override(
+            chosen.train,
+            epochs=epochs,
+            batch_size=batch_size,
+            lr=lr,
+            weight_decay=weight_decay,
+            proxy_lr_mult=proxy_lr_mult,
+            alpha=alpha,
+            delta=delta,
+            loss=_value(loss),
+            warmup_epochs=warmup_epochs,
+            lr_decay_step=lr_decay_step,
+            lr_decay_gamma=lr_decay_gamma,
+            freeze_bn=freeze_bn,
+            sampler=_value(sampler),
+            m_per_class=m,
+            seed=seed,
+            workers=workers,
+            device=device,
+            amp=_value(amp),
+            channels_last=channels_last,
+            compile=compile_,
+        )
+        run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
+    if print_config:
+        out.print_json(data={"source": source, **_configs(model_cfg, cfg)})
+        return
+    if not model_cfg.backbone.startswith("timm:"):
+        constructor_for(model_cfg.backbone)  # an unknown name fails before any work
+    manifest = load_source(source, log)
+    prepare_run_dir(run, resume=bool(resume), overwrite=overwrite)
+    log.log(f"training on {manifest.source} -> {run}")
+    try:
+        result = fit(source, manifest, model_cfg, cfg, run, log, resume=bool(resume))
+    except KeyboardInterrupt:
+        err.print(f"interrupted; continue with: pactl train --resume {run}")
+        raise typer.Exit(130) from None
+    best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
+    out.print(f"run: {result.run_dir}")
+    out.print(f"best epoch {result.best_epoch}: {best}")
+
+
+def _value(choice: Enum | None) -> Any:
+    return None if choice is None else choice.value
+
+
+def _configs(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
+    return {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
+
+
+def default_run_name(source: str, model_cfg: ModelConfig, cfg: TrainConfig) -> str:
+    import time
+
+    stem = Path(source).stem if ("/" in source or "." in source) else source
+    return (
+        f"{stem}-{model_cfg.backbone.replace(':', '_')}-{cfg.loss}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+
+
+@app.command()
+def embed(
+    source: Annotated[str, typer.Argument(help="Folder of images, dataset name, or CSV.")],
+    checkpoint: Annotated[
+        Path, typer.Option(exists=True, dir_okay=False, help="best.pt or checkpoint.pt of a run.")
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("vectors"),
+    split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1)] = 128,
+    workers: Workers = 0,
+    device: Device = "auto",
+    amp: Annotated[Amp, typer.Option(help="Mixed precision autocast.")] = Amp.none,
+    quiet: Quiet = False,
+) -> None:
+    """Embed images into vectors.npy (float32, L2-normalised), items.csv and meta.json.
+
+    Unreadable images are skipped and listed in skipped.csv.
+
+    [bold]Examples[/bold]
+
+      pactl embed photos/ --checkpoint runs/<run>/best.pt --out vectors/
+
+      pactl embed digits --split test --checkpoint runs/<run>/best.pt
+    """
+    from pactl.pipeline import embed_source
+
+    meta = embed_source(
+        source,
+        checkpoint,
+        out_dir,
+        split,
+        device,
+        reporter(quiet),
+        batch_size,
+        workers,
+        amp.value,
+    )
+    out.print(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}")
+    if meta["skipped"]:
+        err.print(f"{meta['skipped']} unreadable images skipped: see {out_dir / 'skipped.csv'}")
+
+
+@app.command()
+def index(
+    source: Annotated[
+        str | None,
+        typer.Argument(
+            help="An embed output folder, or images with --checkpoint (default: the "
+            "latest run's test images)."
+        ),
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="Embed images with this.")
+    ] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Bundle folder.")] = None,
+    factory: Annotated[str | None, typer.Option(help="FAISS factory string, e.g. Flat.")] = None,
+    target_recall: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
+
+    [bold]Examples[/bold]
+
+      pactl index                                   # right after `pactl train NAME`
+
+      pactl index vectors/ --out my_index/
+
+      pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
+    """
+    from pactl import pipeline
+
+    log = reporter(quiet)
+    config = IndexConfig(factory=factory, target_recall=target_recall)
+    if source is None:
+        bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log)
+    elif (Path(source) / "vectors.npy").is_file():
+        bundle, meta = pipeline.index_vectors(Path(source), out_dir, config, log)
+    elif checkpoint is None:
+        raise UsageError(
+            f"{source} is not an embed output folder; to index images pass --checkpoint"
+        )
+    else:
+        bundle, meta = pipeline.index_images(
+            source, checkpoint, out_dir, split, config, device, log
+        )
+    out.print(f"indexed {meta['count']} items ({meta.get('factory', '?')}) in {bundle}")
+
+
+@app.command()
+def query(
+    images: Annotated[
+        list[str], typer.Argument(help="Image files or folders; '-' reads paths from stdin.")
+    ],
+    k: Annotated[int, typer.Option("--k", "-k", min=1, help="Neighbours per query.")] = 4,
+    index_dir: Annotated[
+        Path | None, typer.Option("--index", help="Bundle folder (default: newest under runs/).")
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="Default: the bundle's.")
+    ] = None,
+    fmt: Annotated[
+        Format | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table | csv | jsonl (default: table on a terminal, jsonl in a pipe).",
+        ),
+    ] = None,
+    exclude_self: Annotated[
+        bool, typer.Option(help="Drop the query image itself from its hits (by id).")
+    ] = False,
+    paths_only: Annotated[bool, typer.Option(help="Print only the hit paths.")] = False,
+    null: Annotated[bool, typer.Option("-0", help="With --paths-only: NUL-separated.")] = False,
+    strict: Annotated[bool, typer.Option(help="Fail on an unreadable query image.")] = False,
+    grid: Annotated[
+        Path | None, typer.Option(help="Also draw the first 32 queries and their hits (PNG).")
+    ] = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Top-k most similar indexed images for each query image, on stdout.
+
+    [bold]Examples[/bold]
+
+      pactl query img.png --k 4
+
+      find queries -name '*.png' | pactl query - --k 4 --format jsonl
+
+      pactl query img.png --paths-only -0 | xargs -0 ls -l
+
+      pactl query queries/ --k 5 --grid hits.png
+    """
+    from pactl import pipeline
+    from pactl.output import HitWriter
+
+    log = reporter(quiet)
+    bundle = index_dir or pipeline.find_bundle(runs_dir())
+    if index_dir is None:
+        log.log(f"using index {bundle}")
+    chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
+    writer = HitWriter(out, sys.stdout, chosen, paths_only, null)
+    failures = 0
+    pictured: list[tuple[str, str | None, list[tuple[str, str, float]]]] = []
+    for chunk in pipeline.query_chunks(
+        bundle,
+        query_paths(images),
+        k,
+        checkpoint,
+        exclude_self,
+        device,
+        log,
+        know_labels=grid is not None,
+    ):
+        for name, reason in chunk.failed:
+            err.print(f"skipped query {name}: {reason}", highlight=False)
+            if strict:
+                raise PactlError(f"unreadable query image {name} ({reason})")
+        failures += len(chunk.failed)
+        writer.write(chunk.hits)
+        for name, label, hits in zip(chunk.names, chunk.labels, chunk.hits, strict=True):
+            if grid is not None and len(pictured) < 32:
+                pictured.append((name, label, [(h.path, h.label, h.score) for h in hits]))
+    writer.close()
+    if grid is not None:
+        from pactl.report import retrieval_grid
+
+        retrieval_grid(pictured, grid)
+        err.print(f"wrote {grid}")
+    if failures:
+        err.print(f"{failures} unreadable query images skipped")
+
+
+def query_paths(images: list[str]) -> Any:
+    """Expand '-' (paths on stdin, one per line) and folders (their images), lazily."""
+    from pactl.datasets import list_images
+
+    for item in images:
+        if item == "-":
+            for line in sys.stdin:
+                if line.strip():
+                    yield Path(line.rstrip("\n"))
+        elif Path(item).is_dir():
+            yield from list_images(Path(item))
+        else:
+            yield Path(item)
+
+
+@app.command("eval")
+def eval_(
+    source: Annotated[str | None, typer.Argument(help="Dataset name, folder or CSV.")] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="Default: the latest run's best.pt."),
+    ] = None,
+    ks: Annotated[str | None, typer.Option(help="Recall@K list, e.g. 1,2,4,8.")] = None,
+    report: Annotated[Path, typer.Option(help="CSV to write the metrics to.")] = Path("eval.csv"),
+    workers: Workers = 0,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Recall@K, MAP@R, R-precision and NMI of a checkpoint on a test split.
+
+    [bold]Examples[/bold]
+
+      pactl eval                                    # latest run, its dataset
+
+      pactl eval cars196 --checkpoint runs/<run>/best.pt --report cars.csv
+    """
+    from pactl.pipeline import eval_checkpoint
+    from pactl.train import latest_run, resumed_configs
+
+    if checkpoint is None or source is None:
+        run = latest_run(runs_dir())
+        checkpoint = checkpoint or run / "best.pt"
+        source = source or resumed_configs(run)[0]
+    preset = PRESETS.get(source, DEFAULT_PRESET)
+    k_list = parse_ks(ks) if ks else preset.train.eval_ks
+    metrics = eval_checkpoint(source, checkpoint, k_list, device, workers, reporter(quiet))
+    write_report(report, source, checkpoint, metrics)
+    for key, value in metrics.items():
+        out.print(f"{key:12s} {value:.4f}")
+    err.print(f"wrote {report}")
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--ks takes integers separated by commas (got {text!r})") from None
+    if not ks or min(ks) < 1:
+        raise UsageError("--ks needs positive integers")
+    return ks
+
+
+def write_report(path: Path, source: str, checkpoint: Path, metrics: dict[str, float]) -> None:
+    from pactl.fsutil import atomic_write_text
+
+    header = ["dataset", "checkpoint", *metrics]
+    values = [source, str(checkpoint), *(f"{v:.6g}" for v in metrics.values())]
+    atomic_write_text(path, ",".join(header) + "\n" + ",".join(values) + "\n")
+
+
+def main() -> None:
+    """Entry point: one-line errors instead of tracebacks, exit 1 (runtime) or 2 (usage)."""
+    try:
+        app()
+    except UsageError as e:
+        err.print(f"error: {e}", highlight=False)
+        sys.exit(2)
+    except PactlError as e:
+        err.print(f"error: {e}", highlight=False)
+        sys.exit(1)
+    except KeyError as e:  # registries list their choices in the message
+        err.print(f"error: {e.args[0] if e.args else e}", highlight=False)
+        sys.exit(2)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (`| head`): nothing more to say
+        sys.exit(0)

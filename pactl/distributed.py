@@ -1,0 +1,62 @@
+"""One process or many under `torchrun`: rank helpers and the global-batch all-gather."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 1
+
+
+def init_world(device_name: str) -> World:
+    """Join the `torchrun` process group when launched by it (WORLD_SIZE > 1)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return World()
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_name != "cpu" and torch.cuda.is_available()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    return World(rank=rank, size=size, local_rank=local_rank)
+
+
+def gather_batch(
+    embeddings: torch.Tensor, labels: torch.Tensor, world: World
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every process's embeddings (with gradients) and labels, so the loss sees the global batch.
+
+    Each rank computes the loss on the same global batch; DDP averages gradients across ranks,
+    so the result equals one process holding the whole batch.
+    """
+    if not world.enabled:
+        return embeddings, labels
+    from torch.distributed.nn.functional import all_gather
+
+    gathered = torch.cat(all_gather(embeddings), dim=0)  # (world * B, D), differentiable
+    label_list = [torch.empty_like(labels) for _ in range(world.size)]
+    dist.all_gather(label_list, labels)
+    return gathered, torch.cat(label_list, dim=0)
+
+
+def barrier(world: World) -> None:
+    if world.enabled:
+        dist.barrier()

@@ -1,0 +1,611 @@
+"""FAISS indexes over L2-normalised vectors: factory choice, build, tuning, bundles on disk.
+
+A bundle is a folder of three files: `index.faiss` (FAISS ids are the item ids), `items.csv`
+(`id,path,label`) and `meta.json` (format, version, model fingerprint, factory string, the tuned
+search parameters and the Recall@10 they reached). Cosine similarity is the inner product of
+L2-normalised vectors, so every index here uses METRIC_INNER_PRODUCT.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from pactl import __version__
+from pactl.config import IndexConfig
+from pactl.console import QUIET, Reporter
+from pactl.errors import PactlError
+from pactl.fsutil import atomic_path, atomic_write_text
+from pactl.search import exclude_by_id
+
+BUNDLE_FORMAT = "pactl.bundle"
+BUNDLE_VERSION = 1
+VECTORS_FORMAT = "pactl.vectors"
+INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
+ITEMS_HEADER = ("id", "path", "label")
+
+FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
+TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: FAISS asks for >= 39; more costs minutes
+TRAIN_POINTS_OTHER = 65_536  # sample cap for trainable indexes without inverted lists
+TUNING_QUERIES = 1_000  # data points used as held-out queries when tuning nprobe / efSearch
+RECALL_K = 10  # the tuned figure is Recall@10 against exact search
+PLATEAU = 0.002  # recall gained by doubling a search knob below which more effort is pointless
+ADD_BATCH = 65_536  # vectors per add() call: bounded memory when `vectors` is memory-mapped
+NORM_TOLERANCE = 1e-2  # |norm - 1| allowed before vectors are taken as not L2-normalised
+
+
+class ItemTable:
+    """The (id, path, label) rows of a bundle as three arrays indexed by position.
+
+    Ids map to positions through a sorted copy (or directly when ids are 0..n-1), so looking up
+    the hits of many queries is one vectorised search, not a dict of millions of entries. Equal
+    labels share one string object, so a label costs a pointer per row.
+    """
+
+    def __init__(self, ids: np.ndarray, paths: np.ndarray, labels: np.ndarray) -> None:
+        self.ids = np.asarray(ids, dtype=np.int64)  # (n,)
+        self.paths = paths  # (n,) object array of str
+        self.labels = labels  # (n,) object array of str; "" when unlabelled
+        if not (len(self.ids) == len(paths) == len(labels)):
+            raise ValueError("ids, paths and labels differ in length")
+        n = len(self.ids)
+        self._identity = bool(np.array_equal(self.ids, np.arange(n, dtype=np.int64)))
+        self._order = np.empty(0, dtype=np.int64)
+        self._sorted = np.empty(0, dtype=np.int64)
+        if not self._identity:
+            self._order = np.argsort(self.ids, kind="stable")
+            self._sorted = self.ids[self._order]
+            repeated = np.flatnonzero(self._sorted[1:] == self._sorted[:-1])
+            if len(repeated):
+                raise PactlError(f"item id {int(self._sorted[repeated[0]])} appears twice")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[tuple[int, str, str]]) -> ItemTable:
+        ids = np.fromiter((int(r[0]) for r in rows), dtype=np.int64, count=len(rows))
+        labels = _strings([r[2] or "" for r in rows], share=True)
+        return cls(ids, _strings([r[1] for r in rows]), labels)
+
+    @classmethod
+    def read(cls, path: Path) -> ItemTable:
+        """Parse an `id,path,label` CSV (as `pactl embed` writes it)."""
+        ids: list[str] = []
+        paths: list[str] = []
+        labels: list[str] = []
+        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None or tuple(h.strip() for h in header[:3]) != ITEMS_HEADER:
+                raise PactlError(f"{path} does not start with the header id,path,label")
+            for row in reader:
+                if len(row) < 2:
+                    if row:
+                        raise PactlError(f"{path} line {reader.line_num}: expected id,path,label")
+                    continue
+                ids.append(row[0])
+                paths.append(row[1])
+                labels.append(row[2] if len(row) > 2 else "")
+        return cls(_parse_ids(ids, path), _strings(paths), _strings(labels, share=True))
+
+    def write(self, path: Path) -> None:
+        with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(ITEMS_HEADER)
+            rows = zip(self.ids.tolist(), self.paths.tolist(), self.labels.tolist(), strict=True)
+            writer.writerows(rows)
+
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """Row position of each id (any shape), -1 where the table has no such id."""
+        wanted = np.asarray(ids, dtype=np.int64)
+        n = len(self.ids)
+        if self._identity:
+            return np.where((wanted >= 0) & (wanted < n), wanted, -1)
+        if n == 0:
+            return np.full(wanted.shape, -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self._sorted, wanted), n - 1)
+        return np.where(self._sorted[at] == wanted, self._order[at], -1)
+
+    def max_id(self) -> int:
+        return int(self.ids.max()) if len(self.ids) else -1
+
+    def concat(self, other: ItemTable) -> ItemTable:
+        return ItemTable(
+            np.concatenate([self.ids, other.ids]),
+            np.concatenate([self.paths, other.paths]),
+            np.concatenate([self.labels, other.labels]),
+        )
+
+
+def _strings(values: list[str], share: bool = False) -> np.ndarray:
+    """An object array of `values`; with `share`, equal strings become one object (labels repeat
+    a lot, paths do not)."""
+    out = np.empty(len(values), dtype=object)
+    if share:
+        shared: dict[str, str] = {}
+        values = [shared.setdefault(v, v) for v in values]
+    out[:] = values
+    return out
+
+
+def _parse_ids(ids: list[str], path: Path) -> np.ndarray:
+    if not ids:
+        return np.empty(0, dtype=np.int64)
+    try:
+        return np.asarray(ids, dtype=str).astype(np.int64)
+    except ValueError:
+        for value in ids:
+            try:
+                int(value)
+            except ValueError:
+                raise PactlError(f"{path}: id {value!r} is not an integer") from None
+        raise
+
+
+@dataclass
+class Bundle:
+    path: Path  # the bundle folder
+    index: Any  # faiss.Index, search parameters already set from meta.json
+    items: ItemTable
+    meta: dict[str, Any]
+    mmapped: bool = False  # the index reads its codes from index.faiss through the page cache
+
+
+# ---------------------------------------------------------------------------- factory choice
+
+
+def choose_factory(n: int, dim: int, memory_budget_gb: float = 8.0) -> str:
+    """The default FAISS factory string for `n` vectors of `dim` floats.
+
+    Exact search below FLAT_MAX_ITEMS; above, an IVF index with ~4 sqrt(n) lists (a power of two)
+    whose coarse quantiser is an HNSW graph, so assigning vectors and queries to lists stays cheap
+    as nlist grows. Flat codes when they fit the budget, else the finest product quantiser (up to
+    one byte per 4 dimensions) that does.
+    """
+    if n < 1 or dim < 1:
+        raise PactlError(f"cannot index {n} vectors of dimension {dim}")
+    if n < FLAT_MAX_ITEMS:
+        return "Flat"
+    nlist = 2 ** round(math.log2(4 * math.sqrt(n)))
+    budget = memory_budget_gb * 2**30
+    if _ivf_bytes(n, dim, nlist, 4 * dim) <= budget:
+        return f"IVF{nlist}_HNSW32,Flat"
+    # At most 4 dimensions per sub-quantiser: finer codes cost more to train than they return.
+    for m in (m for m in range(max(dim // 4, 1), 0, -1) if dim % m == 0):
+        if _ivf_bytes(n, dim, nlist, m) <= budget:
+            return f"IVF{nlist}_HNSW32,PQ{m}"
+    raise PactlError(
+        f"{n:,} vectors of dimension {dim} do not fit in {memory_budget_gb} GB even as 1-byte "
+        "codes; raise the memory budget or pass a FAISS factory string"
+    )
+
+
+def _ivf_bytes(n: int, dim: int, nlist: int, code_bytes: int) -> int:
+    """Resident size of an IVF index: codes and an 8-byte id per vector, plus the HNSW quantiser
+    (float32 centroids and 2 x 32 four-byte links each on the graph's base level)."""
+    return n * (code_bytes + 8) + nlist * (4 * dim + 64 * 4)
+
+
+# ---------------------------------------------------------------------------- build and tune
+
+
+def build_index(
+    vectors: np.ndarray,
+    config: IndexConfig,
+    reporter: Reporter,
+    seed: int = 0,
+    ids: np.ndarray | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Train, fill and tune an index over `vectors` (row i gets id i unless `ids` is given).
+
+    Returns the index, search parameters set, and the tuning record that goes into meta.json:
+    factory, search_params, recall_at_10 (measured against exact search), ntotal, and more.
+    """
+    x = _as_matrix(vectors, "vectors")
+    n, dim = x.shape
+    if n == 0:
+        raise PactlError("there are no vectors to index")
+    item_ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+    if item_ids.shape != (n,) or len(np.unique(item_ids)) != n:
+        raise PactlError(f"ids must be {n} distinct integers, one per vector")
+    factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
+    started = time.perf_counter()
+    index = new_index(factory, dim)
+    rng = np.random.default_rng(seed)
+    trained_on = _train(index, x, rng, seed, reporter, factory)
+    add_vectors(index, x, item_ids, reporter)
+    tuning = tune(index, x, item_ids, config.target_recall, rng, reporter)
+    seconds = time.perf_counter() - started
+    reporter.log(f"built {factory} over {n:,} vectors in {seconds:.1f} s")
+    record = {"factory": factory, **tuning, "ntotal": int(index.ntotal)}
+    return index, {
+        **record,
+        "train_points": trained_on,
+        "seed": seed,
+        "build_seconds": round(seconds, 3),
+    }
+
+
+def new_index(factory: str, dim: int) -> Any:
+    """An empty inner-product index; kinds without their own id storage get an IndexIDMap2."""
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        raise PactlError(f"FAISS cannot make {factory!r} for dimension {dim}: {_why(e)}") from e
+    has_ids = faiss.try_extract_index_ivf(index) is not None or isinstance(index, faiss.IndexIDMap)
+    return index if has_ids else faiss.IndexIDMap2(index)
+
+
+def _train(
+    index: Any, x: np.ndarray, rng: np.random.Generator, seed: int, reporter: Reporter, name: str
+) -> int:
+    """Train on a seeded sample of the rows; returns its size (0 when nothing needs training)."""
+    if index.is_trained:
+        return 0
+    ivf = faiss.try_extract_index_ivf(index)
+    cap = TRAIN_POINTS_PER_LIST * ivf.nlist if ivf is not None else TRAIN_POINTS_OTHER
+    m = min(len(x), cap)
+    # Sorted rows read a memory-mapped array front to back.
+    rows = np.sort(rng.choice(len(x), size=m, replace=False))
+    sample = np.ascontiguousarray(x[rows], dtype=np.float32)
+    _check_unit_rows(sample, rows)
+    if ivf is not None:
+        ivf.cp.seed = seed
+        inner = faiss.downcast_index(ivf)
+        if hasattr(inner, "pq"):
+            inner.pq.cp.seed = seed
+    reporter.log(f"training {name} on {m:,} of {len(x):,} vectors")
+    try:
+        index.train(sample)
+    except RuntimeError as e:
+        raise PactlError(f"training {name} failed: {_why(e)}") from e
+    return m
+
+
+def add_vectors(index: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter) -> None:
+    """Add rows in batches (a memory-mapped array is read once, a slice at a time)."""
+    n = len(vectors)
+    with reporter.bar("adding vectors", total=n) as advance:
+        for start in range(0, n, ADD_BATCH):
+            stop = min(start + ADD_BATCH, n)
+            batch = np.ascontiguousarray(vectors[start:stop], dtype=np.float32)
+            _check_unit_rows(batch, np.arange(start, stop))
+            index.add_with_ids(batch, np.ascontiguousarray(ids[start:stop], dtype=np.int64))
+            advance(stop - start)
+
+
+def _check_unit_rows(batch: np.ndarray, rows: np.ndarray) -> None:
+    """Refuse NaN/inf and vectors far from unit length: inner product is cosine only on those."""
+    norms = np.sqrt(np.einsum("ij,ij->i", batch, batch, dtype=np.float64))
+    bad = np.flatnonzero(~(np.abs(norms - 1.0) <= NORM_TOLERANCE))
+    if len(bad):
+        i = bad[0]
+        raise PactlError(
+            f"vector {int(rows[i])} has norm {norms[i]:.4g}; pactl indexes L2-normalised vectors "
+            "(cosine similarity as inner product): normalise them first"
+        )
+
+
+@dataclass(frozen=True)
+class _Knob:
+    name: str  # what the log calls it
+    low: int  # the cheapest setting worth trying
+    high: int  # the most expensive (exhaustive for IVF)
+    params: Callable[[int], str]  # setting -> ParameterSpace string
+
+
+def _knob(index: Any, k: int) -> _Knob | None:
+    """The search-time setting that trades speed for recall, or None for exact/fixed kinds."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        graph = hasattr(faiss.downcast_index(ivf.quantizer), "hnsw")
+
+        def ivf_params(p: int) -> str:
+            # The HNSW quantiser must look at least as wide as the lists it returns.
+            return f"nprobe={p},quantizer_efSearch={max(64, 2 * p)}" if graph else f"nprobe={p}"
+
+        return _Knob("nprobe", 1, int(ivf.nlist), ivf_params)
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    if hasattr(inner, "hnsw"):
+        return _Knob("efSearch", max(16, k + 1), max(4096, k + 1), lambda e: f"efSearch={e}")
+    return None
+
+
+def tune(
+    index: Any,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    target: float,
+    rng: np.random.Generator,
+    reporter: Reporter,
+) -> dict[str, Any]:
+    """Find the cheapest search setting reaching Recall@10 >= target and leave it set.
+
+    Queries are a seeded sample of the indexed vectors; each query's own id is removed from both
+    the exact and the approximate neighbours (as `pactl query` does), so the figure is the recall
+    of the other items, the ones a query actually wants.
+    """
+    n = len(vectors)
+    k = min(RECALL_K, n - 1)
+    record: dict[str, Any] = {"search_params": "", "recall_at_10": None, "target_recall": target}
+    if k < 1:
+        return {**record, "target_reached": False, "tuning_queries": 0}
+    rows = np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
+    queries = np.ascontiguousarray(vectors[rows], dtype=np.float32)
+    own = ids[rows]
+    truth = exact_neighbours(vectors, ids, queries, own, k)
+    space: Any = faiss.ParameterSpace()  # (its stub types the params string as int)
+
+    def measure(params: str) -> float:
+        if params:
+            space.set_index_parameters(index, params)
+        scores, found = index.search(queries, k + 1)
+        return recall_at_k(exclude_by_id(scores, found, own, k)[1], truth)
+
+    knob = _knob(index, k)
+    if knob is None:
+        params, recall = "", measure("")
+        reached = recall >= target
+    else:
+        setting, recall, reached = _smallest_setting(knob, measure, target, reporter)
+        params = knob.params(setting)
+        space.set_index_parameters(index, params)
+    if not reached:
+        reporter.log(f"recall@10 {recall:.4f} is below the target {target}: best this index gives")
+    record.update(search_params=params, recall_at_10=recall, target_reached=reached)
+    return {**record, "tuning_queries": len(rows)}
+
+
+def _smallest_setting(
+    knob: _Knob, measure: Callable[[str], float], target: float, reporter: Reporter
+) -> tuple[int, float, bool]:
+    """Double the knob until recall reaches `target`, then bisect down to the smallest setting.
+
+    If recall stops growing first (product-quantised codes cap it), take the cheapest setting
+    within PLATEAU of the best seen. Returns (setting, recall, target reached).
+    """
+    seen: dict[int, float] = {}
+
+    def at(setting: int) -> float:
+        if setting not in seen:
+            seen[setting] = measure(knob.params(setting))
+            reporter.log(f"  {knob.name}={setting}: recall@10 {seen[setting]:.4f}")
+        return seen[setting]
+
+    failed, setting = 0, knob.low
+    while at(setting) < target:
+        grew = failed == 0 or seen[setting] - seen[failed] >= PLATEAU
+        if setting >= knob.high or not grew:
+            best = max(seen.values())
+            cheapest = min(s for s, r in seen.items() if r >= best - PLATEAU)
+            return cheapest, seen[cheapest], False
+        failed, setting = setting, min(2 * setting, knob.high)
+    while failed and setting - failed > 1:
+        middle = (failed + setting) // 2
+        failed, setting = (failed, middle) if at(middle) >= target else (middle, setting)
+    return setting, seen[setting], True
+
+
+def exact_neighbours(
+    vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, own: np.ndarray, k: int
+) -> np.ndarray:
+    """Ids of the k largest inner products of each query, its own id `own[i]` excluded."""
+    fetch = min(k + 1, len(vectors))
+    scores, rows = faiss.knn(queries, vectors, fetch, metric=faiss.METRIC_INNER_PRODUCT)
+    return exclude_by_id(scores, ids[rows], own, k)[1]
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Share of the true neighbour ids (rows of `truth`, -1 = none) present in the same row of
+    `found`: Recall@k in the approximate-search sense, with k = truth.shape[1]."""
+    valid = truth >= 0
+    hit = (truth[:, :, None] == found[:, None, :]).any(axis=2) & valid
+    return float(hit.sum() / max(int(valid.sum()), 1))
+
+
+def _as_matrix(values: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(values, np.ndarray) or values.ndim != 2:
+        raise PactlError(f"{what} must be a 2-D float32 array (rows x dimension)")
+    if values.dtype != np.float32:
+        raise PactlError(f"{what} must be float32, not {values.dtype}")
+    return values
+
+
+def _why(error: Exception) -> str:
+    """The useful tail of a FAISS C++ exception message."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text.rsplit("Error: ", 1)[-1][:200]
+
+
+# ---------------------------------------------------------------------------- bundles on disk
+
+
+def save_bundle(
+    out: Path,
+    index: Any,
+    items_csv_source: Path | list[tuple[int, str, str]] | ItemTable,
+    meta: dict[str, Any],
+) -> None:
+    """Write index.faiss, items.csv, meta.json into `out`, each atomically, meta.json last.
+
+    `meta` should carry the vectors' checkpoint, fingerprint and model_config and the tuning
+    record of build_index; format, version, dimension, count and the index file's size are set
+    here from the index itself. meta.json goes last and records the size of index.faiss, so a
+    bundle interrupted mid-save is refused by load_bundle rather than half-read.
+    """
+    if out.exists() and not out.is_dir():
+        raise PactlError(f"{out} exists and is not a folder")
+    _refuse_mapped(index)
+    items = (
+        items_csv_source
+        if isinstance(items_csv_source, ItemTable)
+        else ItemTable.read(items_csv_source)
+        if isinstance(items_csv_source, Path)
+        else ItemTable.from_rows(items_csv_source)
+    )
+    if len(items) != index.ntotal:
+        raise PactlError(f"{len(items)} items for an index of {index.ntotal} vectors")
+    out.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out / INDEX_FILE) as tmp:
+        faiss.write_index(index, str(tmp))
+        index_bytes = tmp.stat().st_size
+    if isinstance(items_csv_source, Path):
+        with atomic_path(out / ITEMS_FILE) as tmp:
+            shutil.copyfile(items_csv_source, tmp)
+    else:
+        items.write(out / ITEMS_FILE)
+    derived = {
+        "dimension": int(index.d),
+        "count": int(index.ntotal),
+        "metric": "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2",
+        "index_bytes": index_bytes,
+    }
+    header = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "pactl_version": __version__}
+    rest = {k: v for k, v in meta.items() if k not in header and k not in derived}
+    full = {**header, **rest, **derived}
+    atomic_write_text(out / META_FILE, json.dumps(full, indent=2) + "\n")
+
+
+def _refuse_mapped(index: Any) -> None:
+    """A memory-mapped IVF holds on-disk lists that write_index cannot serialise in place."""
+    ivf: Any = faiss.try_extract_index_ivf(index)
+    if ivf is not None and isinstance(
+        faiss.downcast_InvertedLists(ivf.invlists), faiss.OnDiskInvertedLists
+    ):
+        raise PactlError("a memory-mapped index cannot be saved: load it with mmap=False first")
+
+
+def add_to_bundle(
+    bundle_dir: Path,
+    vectors: np.ndarray,
+    items: list[tuple[int, str, str]],
+    meta_check: dict[str, Any],
+    reporter: Reporter | None = None,
+) -> None:
+    """Append vectors (with their items) to a bundle; they must come from the bundle's model.
+
+    `meta_check` is the new vectors' meta.json: its dimension and model fingerprint must match
+    the bundle's. New ids must not be in the bundle yet. The tuned search setting is kept.
+    """
+    bundle = load_bundle(bundle_dir, mmap=False)
+    x = _as_matrix(vectors, "vectors")
+    dim = int(bundle.index.d)
+    for given in (x.shape[1], meta_check.get("dimension", x.shape[1])):
+        if given != dim:
+            raise PactlError(f"new vectors have dimension {given}; bundle {bundle_dir} has {dim}")
+    mine, theirs = bundle.meta.get("fingerprint"), meta_check.get("fingerprint")
+    if mine != theirs:
+        raise PactlError(
+            f"new vectors come from another model (fingerprint {str(theirs)[:12]}, bundle "
+            f"{bundle_dir} has {str(mine)[:12]}): embed them with the bundle's checkpoint"
+        )
+    if len(items) != len(x):
+        raise PactlError(f"{len(items)} items for {len(x)} new vectors")
+    new = ItemTable.from_rows(items)
+    clash = new.ids[bundle.items.positions(new.ids) >= 0]
+    if len(clash):
+        raise PactlError(
+            f"id {int(clash[0])} is already in {bundle_dir} ({len(clash)} clashing ids); "
+            f"number new items from {bundle.items.max_id() + 1}"
+        )
+    add_vectors(bundle.index, x, new.ids, reporter or QUIET)
+    save_bundle(bundle_dir, bundle.index, bundle.items.concat(new), bundle.meta)
+
+
+def load_bundle(path: Path, mmap: bool = True) -> Bundle:
+    """Open a bundle, checking it is whole and consistent; sets the tuned search parameters.
+
+    With `mmap`, index kinds that FAISS can map (IVF lists, flat codes) read their vectors from
+    the file through the page cache instead of copying them into memory.
+    """
+    _check_files(path)
+    meta = _read_meta(path)
+    index_file = path / INDEX_FILE
+    recorded = meta.get("index_bytes")
+    actual = index_file.stat().st_size
+    if isinstance(recorded, int) and recorded != actual:
+        raise PactlError(
+            f"{index_file} is truncated or corrupt ({actual:,} bytes, meta.json records "
+            f"{recorded:,}): rebuild the bundle with `pactl index`"
+        )
+    flag = _mmap_flag(index_file) if mmap else 0
+    try:
+        index = faiss.read_index(str(index_file), flag)
+    except RuntimeError as e:
+        raise PactlError(
+            f"{index_file} is truncated or corrupt ({_why(e)}): rebuild it with `pactl index`"
+        ) from e
+    items = ItemTable.read(path / ITEMS_FILE)
+    if len(items) != index.ntotal:
+        raise PactlError(
+            f"bundle {path} is inconsistent: {ITEMS_FILE} has {len(items):,} rows but "
+            f"{INDEX_FILE} holds {index.ntotal:,} vectors; rebuild it with `pactl index`"
+        )
+    if meta.get("dimension", index.d) != index.d:
+        raise PactlError(
+            f"bundle {path}: meta.json says dimension {meta['dimension']}, "
+            f"{INDEX_FILE} has {index.d}"
+        )
+    params = str(meta.get("search_params") or "")
+    if params:
+        try:
+            space: Any = faiss.ParameterSpace()
+            space.set_index_parameters(index, params)
+        except RuntimeError as e:
+            raise PactlError(f"bundle {path}: search_params {params!r}: {_why(e)}") from e
+    return Bundle(path, index, items, meta, mmapped=flag != 0)
+
+
+def _check_files(path: Path) -> None:
+    if not path.exists():
+        raise PactlError(f"bundle {path} does not exist: build one with `pactl index`")
+    if not path.is_dir():
+        raise PactlError(f"bundle {path} is not a folder")
+    for name in (META_FILE, ITEMS_FILE, INDEX_FILE):
+        if not (path / name).is_file():
+            raise PactlError(f"bundle {path} lacks {name}: rebuild it with `pactl index`")
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PactlError(f"{path / META_FILE} is not a pactl bundle's meta (bad JSON: {e})") from e
+    found = meta.get("format") if isinstance(meta, dict) else None
+    if found != BUNDLE_FORMAT:
+        vectors = found == VECTORS_FORMAT
+        hint = "; it holds vectors: index them with `pactl index`" if vectors else ""
+        raise PactlError(f"{path} is not a pactl bundle (meta.json format {found!r}){hint}")
+    if meta.get("version") != BUNDLE_VERSION:
+        raise PactlError(
+            f"bundle {path} has version {meta.get('version')!r}; pactl {__version__} reads "
+            f"version {BUNDLE_VERSION}: rebuild it with `pactl index`"
+        )
+    return meta
+
+
+def _mmap_flag(index_file: Path) -> int:
+    """The FAISS read flag that maps this index kind's codes, keyed on the file's first fourcc.
+
+    IVF files ("Iw..") map their inverted lists; flat codes, bare ("IxF.") or under an id map
+    ("IxM2", "IxMp") or an HNSW graph ("IHN."), map through IO_FLAG_MMAP_IFC. Anything else
+    (pre-transforms, refinement, ...) is read into memory.
+    """
+    with open(index_file, "rb") as f:
+        fourcc = f.read(4)
+    if fourcc[:2] == b"Iw":
+        return int(faiss.IO_FLAG_MMAP)
+    if fourcc[:3] in (b"IxF", b"IHN") or fourcc in (b"IxM2", b"IxMp"):
+        return int(faiss.IO_FLAG_MMAP_IFC)
+    return 0

@@ -1,0 +1,257 @@
+"""The verbs' library side: each CLI command calls one function here."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pactl.config import IndexConfig
+from pactl.console import Reporter
+from pactl.errors import PactlError
+
+
+def source_items(
+    source: str, split: str | None, reporter: Reporter
+) -> tuple[list[Path], list[str]]:
+    """Images and labels to embed: a plain folder (labels from class sub-folders, if any),
+    or the rows of a dataset / manifest / CSV (optionally one split)."""
+    from pactl.datasets import list_images, load_source
+
+    path = Path(source)
+    if split is None and path.is_dir() and not (path / "manifest.csv").is_file():
+        files = list_images(path)
+        if not files:
+            raise PactlError(f"{path} has no images")
+        labels = [f.relative_to(path).parts[0] if f.parent != path else "" for f in files]
+        return files, labels
+    manifest = load_source(source, reporter)
+    if split:
+        manifest = manifest.select(split)
+        if not len(manifest):
+            raise PactlError(f"{source} has no rows in split {split!r}")
+    return manifest.files(), list(manifest.class_names)
+
+
+def embed_source(
+    source: str,
+    checkpoint_path: Path,
+    out_dir: Path,
+    split: str | None,
+    device_name: str,
+    reporter: Reporter,
+    batch_size: int = 128,
+    workers: int = 0,
+    amp: str = "none",
+) -> dict[str, Any]:
+    from pactl.checkpoint import load_model
+    from pactl.embed import embed_to_folder, resolve_device
+
+    files, labels = source_items(source, split, reporter)
+    model, _, payload = load_model(checkpoint_path)
+    device = resolve_device(device_name)
+    model.to(device)
+    return embed_to_folder(
+        model,
+        payload,
+        checkpoint_path,
+        files,
+        labels,
+        out_dir,
+        device,
+        reporter,
+        batch_size=batch_size,
+        workers=workers,
+        amp=amp,
+    )
+
+
+def index_vectors(
+    vectors_dir: Path, out: Path | None, config: IndexConfig, reporter: Reporter
+) -> tuple[Path, dict[str, Any]]:
+    """Build a bundle from an embed output folder; returns (bundle folder, meta)."""
+    from pactl.embed import read_vectors
+    from pactl.index import build_index, save_bundle
+
+    vectors, meta = read_vectors(vectors_dir)
+    if len(vectors) == 0:
+        raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
+    out = out or default_bundle_dir(Path(meta["checkpoint"]))
+    index, tuning = build_index(np.ascontiguousarray(vectors), config, reporter)
+    bundle_meta = {
+        **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
+        "model_config": meta["model_config"],
+        "vectors": str(vectors_dir.resolve()),
+        **tuning,
+    }
+    save_bundle(out, index, vectors_dir / "items.csv", bundle_meta)
+    return out, bundle_meta
+
+
+def default_bundle_dir(checkpoint: Path) -> Path:
+    """`runs/<run>/index` for a checkpoint inside a run folder, else `./index`."""
+    run = checkpoint.parent
+    return run / "index" if (run / "config.json").is_file() else Path("index")
+
+
+def index_images(
+    source: str,
+    checkpoint_path: Path,
+    out: Path | None,
+    split: str | None,
+    config: IndexConfig,
+    device_name: str,
+    reporter: Reporter,
+    workers: int = 0,
+) -> tuple[Path, dict[str, Any]]:
+    """Embed `source` with the checkpoint, then index it, in one go."""
+    bundle = out or default_bundle_dir(checkpoint_path)
+    vectors_dir = bundle / "vectors"
+    embed_source(
+        source, checkpoint_path, vectors_dir, split, device_name, reporter, workers=workers
+    )
+    return index_vectors(vectors_dir, bundle, config, reporter)
+
+
+def index_latest_run(
+    runs: Path, config: IndexConfig, device_name: str, reporter: Reporter
+) -> tuple[Path, dict[str, Any]]:
+    """Right after `pactl train NAME`: index that dataset's test (gallery) images."""
+    from pactl.datasets import load_source
+    from pactl.train import latest_run, resumed_configs
+
+    run = latest_run(runs)
+    best = run / "best.pt"
+    if not best.is_file():
+        raise PactlError(f"{run} has no best.pt yet: let training finish an evaluated epoch")
+    source, _, _ = resumed_configs(run)
+    manifest = load_source(source, reporter)
+    split = "gallery" if manifest.has_split("gallery") else "test"
+    reporter.log(f"indexing the {split} split of {source} with {best}")
+    return index_images(source, best, run / "index", split, config, device_name, reporter)
+
+
+def find_bundle(runs: Path) -> Path:
+    """The most recently written bundle under `runs/` (or `./index`)."""
+    metas = [*runs.glob("*/index/meta.json"), *Path("index").glob("meta.json")]
+    if not metas:
+        raise PactlError(
+            f"no index bundle under {runs}/ or ./index: "
+            "build one with `pactl index` or pass --index"
+        )
+    return max(metas, key=lambda p: p.stat().st_mtime).parent
+
+
+@dataclass
+class QueryChunk:
+    names: list[str]  # the queries of this chunk that were embedded
+    hits: list[list[Any]]  # per query, its pactl.search.Hit rows
+    failed: list[tuple[str, str]]  # (query, reason) of unreadable query images
+    labels: list[str | None]  # a query's label when it is itself an indexed item
+
+
+def open_query_model(
+    bundle_dir: Path, checkpoint: Path | None, device_name: str
+) -> tuple[Any, Any, Any, Any]:
+    """Load the bundle and its model once; refuse a model other than the bundle's."""
+    from pactl.checkpoint import load_model
+    from pactl.embed import resolve_device
+    from pactl.index import load_bundle
+
+    bundle = load_bundle(bundle_dir)
+    checkpoint = checkpoint or Path(bundle.meta["checkpoint"])
+    model, model_cfg, payload = load_model(checkpoint)
+    if payload["fingerprint"] != bundle.meta.get("fingerprint"):
+        raise PactlError(
+            f"{checkpoint} is not the model that built {bundle_dir} (weights fingerprint "
+            f"{payload['fingerprint'][:12]} vs {str(bundle.meta.get('fingerprint'))[:12]}); "
+            "query with the bundle's own checkpoint or rebuild the index"
+        )
+    device = resolve_device(device_name)
+    model.to(device)
+    return bundle, model, model_cfg, device
+
+
+def query_chunks(
+    bundle_dir: Path,
+    images: Any,
+    k: int,
+    checkpoint: Path | None,
+    exclude_self: bool,
+    device_name: str,
+    reporter: Reporter,
+    chunk: int = 512,
+    batch_size: int = 128,
+    know_labels: bool = False,
+) -> Any:
+    """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
+    import os
+    from itertools import islice
+
+    from pactl.embed import embed_files
+    from pactl.search import hits, search
+
+    bundle, model, model_cfg, device = open_query_model(bundle_dir, checkpoint, device_name)
+    if k > bundle.index.ntotal:
+        reporter.log(f"--k {k} is more than the {bundle.index.ntotal} items indexed; showing all")
+    # path -> id of the indexed items, built only when a query must be found among them
+    position = _path_ids(bundle) if exclude_self or know_labels else {}
+    it = iter(images)
+    while batch := list(islice(it, chunk)):
+        done = embed_files(model, batch, model_cfg, device, reporter, batch_size=batch_size)
+        names = [str(batch[i]) for i in done.rows]
+        own = np.array([position.get(os.path.abspath(n), -1) for n in names], dtype=np.int64)
+        scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
+        failed = [(str(batch[i]), reason) for i, reason in done.failed]
+        labels = [_item_label(bundle, int(i)) for i in own]
+        yield QueryChunk(names, hits(bundle, names, scores, ids), failed, labels)
+
+
+def _item_label(bundle: Any, item_id: int) -> str | None:
+    if item_id < 0:
+        return None
+    return str(bundle.items.labels[bundle.items.positions(np.array([item_id]))[0]])
+
+
+def _path_ids(bundle: Any) -> dict[str, int]:
+    import os
+
+    return {
+        os.path.abspath(p): int(i)
+        for i, p in zip(bundle.items.ids.tolist(), bundle.items.paths.tolist(), strict=True)
+    }
+
+
+def eval_checkpoint(
+    source: str,
+    checkpoint_path: Path,
+    ks: tuple[int, ...],
+    device_name: str,
+    workers: int,
+    reporter: Reporter,
+) -> dict[str, float]:
+    """Recall@K, MAP@R, R-precision and NMI of a checkpoint on a dataset's test split."""
+    from pactl.checkpoint import load_model
+    from pactl.config import TrainConfig
+    from pactl.datasets import load_source
+    from pactl.embed import resolve_device
+    from pactl.train import evaluate
+
+    manifest = load_source(source, reporter)
+    evaluation = manifest.select(*manifest.eval_splits())
+    if not len(evaluation):
+        raise PactlError(f"{source} has no test split to evaluate on")
+    model, model_cfg, _ = load_model(checkpoint_path)
+    device = resolve_device(device_name)
+    model.to(device)
+    cfg = TrainConfig(eval_ks=ks, workers=workers)
+    return evaluate(model, evaluation, model_cfg, cfg, device, reporter, with_nmi=True)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    from pactl.fsutil import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")

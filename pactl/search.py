@@ -1,0 +1,121 @@
+"""Top-k search over a bundle, a query's own item excluded by id, and result rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pactl.errors import PactlError
+
+if TYPE_CHECKING:
+    from pactl.index import Bundle
+
+
+@dataclass(frozen=True)
+class Hit:
+    query: str  # the query's name (its path, or what the caller calls it)
+    rank: int  # 1 = most similar
+    id: int  # the item's id in the bundle
+    path: str
+    label: str  # "" when the item has no label
+    score: float  # cosine similarity (inner product of unit vectors)
+
+
+def capped_k(k: int, ntotal: int, excluding: bool) -> int:
+    """How many hits a query can get: k, at most the bundle size (one less when a query's own
+    item is excluded). Callers see the cap as the width of the arrays search() returns."""
+    if k < 1:
+        raise PactlError(f"k must be at least 1, not {k}")
+    return max(0, min(k, ntotal - 1 if excluding else ntotal))
+
+
+def search(
+    bundle: Bundle,
+    queries: np.ndarray,
+    k: int,
+    exclude_ids: np.ndarray | None = None,
+    batch_size: int = 1024,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (scores, ids) of each query row, best first, in batches of `batch_size`.
+
+    `exclude_ids[i]` is the bundle id of query i (or -1): that id is removed from its hits, so a
+    duplicate of the query stays a hit while the query itself does not. Both arrays have
+    capped_k(...) columns; a missing hit (an approximate index found fewer) has id -1.
+    """
+    index = bundle.index
+    xq = np.ascontiguousarray(queries, dtype=np.float32)
+    if xq.ndim != 2 or xq.shape[1] != index.d:
+        raise PactlError(
+            f"queries have shape {tuple(xq.shape)}; bundle {bundle.path} holds vectors of "
+            f"dimension {index.d}"
+        )
+    nq = len(xq)
+    own = np.full(nq, -1, dtype=np.int64) if exclude_ids is None else np.asarray(exclude_ids)
+    if own.shape != (nq,):
+        raise PactlError(f"exclude_ids needs one id per query ({nq}), got shape {own.shape}")
+    excluding = bool((own >= 0).any())
+    width = capped_k(k, int(index.ntotal), excluding)
+    fetch = min(width + int(excluding), int(index.ntotal))
+    scores = np.full((nq, width), -np.inf, dtype=np.float32)
+    ids = np.full((nq, width), -1, dtype=np.int64)
+    if width == 0:
+        return scores, ids
+    for start in range(0, nq, max(1, batch_size)):
+        stop = min(start + max(1, batch_size), nq)
+        found_scores, found_ids = index.search(xq[start:stop], fetch)
+        scores[start:stop], ids[start:stop] = exclude_by_id(
+            found_scores, found_ids, own[start:stop], width
+        )
+    return scores, ids
+
+
+def exclude_by_id(
+    scores: np.ndarray, ids: np.ndarray, exclude: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Drop `exclude[i]` (an id, or -1 for none) from row i and keep the first k of the rest.
+
+    By id, never by position: with duplicate vectors the query's own item need not come first.
+    Rows left short are padded with id -1 and score -inf.
+    """
+    drop = (ids == exclude[:, None]) & (exclude[:, None] >= 0)
+    drop |= ids < 0  # FAISS's own "no result" slots
+    order = np.argsort(drop, axis=1, kind="stable")[:, :k]  # kept entries first, in rank order
+    kept_scores = np.take_along_axis(scores, order, axis=1).astype(np.float32)
+    kept_ids = np.take_along_axis(ids, order, axis=1).astype(np.int64)
+    empty = np.take_along_axis(drop, order, axis=1)
+    kept_scores[empty], kept_ids[empty] = -np.inf, -1
+    if kept_ids.shape[1] < k:  # fewer results than k were fetched
+        pad = k - kept_ids.shape[1]
+        kept_scores = np.pad(kept_scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+        kept_ids = np.pad(kept_ids, ((0, 0), (0, pad)), constant_values=-1)
+    return kept_scores, kept_ids
+
+
+def hits(
+    bundle: Bundle, query_names: list[str], scores: np.ndarray, ids: np.ndarray
+) -> list[list[Hit]]:
+    """Result rows per query, with the items' paths and labels; -1 ids are dropped."""
+    if len(query_names) != len(ids):
+        raise ValueError(f"{len(query_names)} query names for {len(ids)} result rows")
+    positions = bundle.items.positions(ids)  # (nq, k), -1 for unknown ids
+    unknown = (ids >= 0) & (positions < 0)
+    if unknown.any():
+        raise PactlError(
+            f"bundle {bundle.path} is inconsistent: id {int(ids[unknown][0])} is in the index "
+            "but not in items.csv; rebuild it with `pactl index`"
+        )
+    paths, labels = bundle.items.paths, bundle.items.labels
+    out: list[list[Hit]] = []
+    for name, row_scores, row_ids, row_pos in zip(
+        query_names, scores.tolist(), ids.tolist(), positions.tolist(), strict=True
+    ):
+        kept = [(s, i, p) for s, i, p in zip(row_scores, row_ids, row_pos, strict=True) if i >= 0]
+        out.append(
+            [
+                Hit(name, rank, i, paths[p], labels[p], s)
+                for rank, (s, i, p) in enumerate(kept, start=1)
+            ]
+        )
+    return out

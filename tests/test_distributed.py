@@ -1,0 +1,81 @@
+"""Two CPU processes (gloo) see the global batch: loss and gradients equal one process's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from pactl.config import ModelConfig
+from pactl.distributed import World, gather_batch
+from pactl.losses import ProxyAnchorLoss
+from pactl.model import build_model
+
+CONFIG = ModelConfig(backbone="small", weights="none", embedding_dim=8, image_size=8, resize_size=8)
+
+
+def batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randn(12, 3, 8, 8, generator=g)
+    labels = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 4, 4])
+    return images, labels
+
+
+def parts() -> tuple[nn.Module, ProxyAnchorLoss]:
+    net, _ = build_model(CONFIG, seed=0)
+    net.eval()  # BatchNorm on running statistics, as with --freeze-bn
+    torch.manual_seed(1)
+    return net, ProxyAnchorLoss(5, 8)
+
+
+def worker(rank: int, world_size: int, init_file: str, out: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
+    net, criterion = parts()
+    model = nn.parallel.DistributedDataParallel(net)
+    images, labels = batch()
+    share = len(labels) // world_size
+    mine = slice(rank * share, (rank + 1) * share)
+    embeddings, all_labels = gather_batch(
+        model(images[mine]), labels[mine], World(rank, world_size, 0)
+    )
+    loss = criterion(embeddings, all_labels)
+    loss.backward()
+    if rank == 0:
+        torch.save(
+            {
+                "loss": loss.detach(),
+                "labels": all_labels,
+                "head": net.embedding.weight.grad.clone(),
+                "conv": next(net.backbone.parameters()).grad.clone(),
+                "proxies": criterion.proxies.grad.clone(),
+            },
+            out,
+        )
+    dist.destroy_process_group()
+
+
+def test_two_processes_equal_one(tmp_path: Path) -> None:
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    out = tmp_path / "rank0.pt"
+    mp.start_processes(
+        worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, start_method="spawn"
+    )
+    got = torch.load(out, weights_only=True)
+
+    net, criterion = parts()
+    images, labels = batch()
+    loss = criterion(net(images), labels)
+    loss.backward()
+    assert torch.equal(got["labels"], labels)
+    torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got["head"], net.embedding.weight.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        got["conv"], next(net.backbone.parameters()).grad, rtol=1e-4, atol=1e-6
+    )
+    torch.testing.assert_close(got["proxies"], criterion.proxies.grad, rtol=1e-4, atol=1e-6)

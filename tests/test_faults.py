@@ -1,0 +1,145 @@
+"""Crashes and faults: SIGKILL at random moments, a full disk, a second run in the same folder."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_class_folder, read_csv, run_cli
+
+from pactl import checkpoint as ckpt
+
+TINY = [
+    "--backbone",
+    "small",
+    "--weights",
+    "none",
+    "--dim",
+    "16",
+    "--image-size",
+    "16",
+    "--batch-size",
+    "8",
+    "--lr",
+    "1e-3",
+    "--warmup-epochs",
+    "0",
+    "--workers",
+    "0",
+]
+
+
+def pactl(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pactl", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def kill_at_random(
+    args: list[str], env: dict[str, str], rng: random.Random, low: float, high: float
+) -> bool:
+    """Start pactl, SIGKILL it after a random delay; True when it was killed before finishing."""
+    process = pactl(args, env)
+    time.sleep(rng.uniform(low, high))
+    finished = process.poll() is not None
+    if not finished:
+        os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    return not finished
+
+
+def environment(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PACTL_HOME": str(tmp_path / "home"),
+        "PACTL_RUNS": str(tmp_path / "runs"),
+    }
+
+
+@pytest.mark.slow
+def test_sigkill_during_training_then_resume(tmp_path: Path) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=8)
+    env = environment(tmp_path)
+    rng = random.Random(7)
+    run = tmp_path / "runs" / "k"
+    train = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "6", "--name", "k", "--quiet"]
+    kill_at_random(train, env, rng, 4.0, 9.0)
+    if (run / "checkpoint.pt").exists():
+        done = ckpt.load(run / "checkpoint.pt")["epoch"]  # a complete, valid checkpoint
+        args = ["train", "--resume", str(run)]
+    else:
+        done, args = 0, [*train, "--overwrite"]
+    finish = pactl(args, env)
+    _, err = finish.communicate(timeout=300)
+    assert finish.returncode == 0, err.decode()
+    if done:
+        assert f"after epoch {done}".encode() in err  # resumed from the last finished epoch
+    rows = read_csv(run / "metrics.csv")
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert ckpt.load(run / "checkpoint.pt")["epoch"] == 6
+    assert ckpt.load(run / "best.pt")["kind"] == "export"
+
+
+@pytest.mark.slow
+def test_sigkill_during_embed_and_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=40, size=32)
+    code, _, err = run_cli(
+        ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "1", "--name", "e", "--quiet"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 0, err
+    env = environment(tmp_path)
+    best = str(tmp_path / "runs" / "e" / "best.pt")
+    rng = random.Random(3)
+    embed = ["embed", str(tmp_path / "imgs"), "--checkpoint", best, "--out", str(tmp_path / "v")]
+    for _ in range(2):
+        kill_at_random(embed, env, rng, 2.0, 5.0)
+        # Whatever is there is complete: no half-written vectors file survives.
+        if (tmp_path / "v" / "vectors.npy").exists():
+            np.load(tmp_path / "v" / "vectors.npy")
+    assert pactl(embed, env).wait(timeout=300) == 0
+    vectors = np.load(tmp_path / "v" / "vectors.npy")
+    assert vectors.shape == (240, 16)
+    index = ["index", str(tmp_path / "v"), "--out", str(tmp_path / "b")]
+    kill_at_random(index, env, rng, 1.0, 3.0)
+    assert pactl(index, env).wait(timeout=300) == 0
+    assert not [p for p in (tmp_path / "v").iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in (tmp_path / "b").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_full_disk_keeps_the_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    train = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "1", "--name", "f", "--quiet"]
+    assert run_cli(train, monkeypatch, capsys)[0] == 0
+    run = tmp_path / "runs" / "f"
+    before = (run / "checkpoint.pt").read_bytes()
+
+    import torch
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    code, out, err = run_cli(
+        ["train", "--resume", str(run), "--epochs", "2", "--quiet"], monkeypatch, capsys
+    )
+    assert code == 1 and out == ""
+    assert "no space left" in err and len(err.strip().splitlines()) == 1
+    assert (run / "checkpoint.pt").read_bytes() == before
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]

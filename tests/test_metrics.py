@@ -1,0 +1,226 @@
+"""Retrieval metrics against hand-computed cases and a float64 brute force written here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pactl.metrics import evaluate, knn, map_at_r, nmi, r_precision, recall_at_k
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def clustered(
+    rng: np.random.Generator, n: int, classes: int, dim: int, noise: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors around one random centre per class, so metrics land mid-range."""
+    labels = rng.integers(0, classes, n)
+    centres = rng.standard_normal((classes, dim))
+    return unit(centres[labels] + noise * rng.standard_normal((n, dim))), labels
+
+
+def brute_force_order(queries: np.ndarray, gallery: np.ndarray, self_match: bool) -> np.ndarray:
+    """(Q, N) gallery indices by decreasing float64 cosine; the query itself last when present."""
+    sim = queries.astype(np.float64) @ gallery.astype(np.float64).T
+    if self_match:
+        np.fill_diagonal(sim, -np.inf)
+    return np.argsort(-sim, axis=1, kind="stable")
+
+
+def reference_metrics(
+    ranked_labels: np.ndarray, query_labels: np.ndarray, r: np.ndarray, ks: list[int]
+) -> dict[str, float]:
+    """The metric definitions spelled out one query at a time."""
+    totals = dict.fromkeys([f"recall@{k}" for k in ks] + ["map@r", "r_precision"], 0.0)
+    counted = 0
+    for row, label, big_r in zip(ranked_labels, query_labels, r, strict=True):
+        if big_r == 0:
+            continue
+        counted += 1
+        rel = [int(x == label) for x in row]
+        for k in ks:
+            totals[f"recall@{k}"] += float(any(rel[:k]))
+        found, precision_sum = 0, 0.0
+        for i in range(big_r):
+            if rel[i]:
+                found += 1
+                precision_sum += found / (i + 1)
+        totals["map@r"] += precision_sum / big_r
+        totals["r_precision"] += sum(rel[:big_r]) / big_r
+    return {name: value / counted for name, value in totals.items()}
+
+
+# --- hand-computed cases ---------------------------------------------------------------
+
+
+def test_recall_counts_a_query_once_any_of_its_first_k_matches() -> None:
+    table = np.array([[2, 1, 1], [5, 7, 2], [9, 9, 9], [0, 2, 2]])
+    labels = np.array([2, 2, 1, 2])
+    # first hits at positions 1, 3, none, 2
+    assert recall_at_k(table, labels, [1, 2, 3]) == {1: 0.25, 2: 0.5, 3: 0.75}
+
+
+def test_map_at_r_worked_example() -> None:
+    # R=4, hits at ranks 1 and 3 (the hit at rank 5 is past R): (1/1 + 2/3) / 4.
+    # R=2, one hit at rank 2: (1/2) / 2.
+    table = np.array([[7, 0, 7, 0, 7], [0, 3, 3, 0, 0]])
+    labels = np.array([7, 3])
+    r = np.array([4, 2])
+    assert map_at_r(table, labels, r) == pytest.approx(((1 + 2 / 3) / 4 + 0.25) / 2)
+    assert r_precision(table, labels, r) == pytest.approx((2 / 4 + 1 / 2) / 2)
+
+
+def test_queries_with_nothing_to_retrieve_count_in_no_denominator() -> None:
+    table = np.array([[1, 1], [4, 4]])
+    labels = np.array([1, 4])
+    r = np.array([1, 0])  # the second query's class has no other item
+    assert map_at_r(table, labels, r) == 1.0
+    assert r_precision(table, labels, r) == 1.0
+    with pytest.raises(ValueError, match="no query"):
+        map_at_r(table, labels, np.array([0, 0]))
+
+
+def test_a_table_narrower_than_r_is_refused() -> None:
+    with pytest.raises(ValueError, match="R=3"):
+        map_at_r(np.array([[1, 1]]), np.array([1]), np.array([3]))
+    with pytest.raises(ValueError, match="k=3"):
+        recall_at_k(np.array([[1, 1]]), np.array([1]), [3])
+
+
+def test_evaluate_leaves_singleton_classes_out() -> None:
+    angles = np.radians([0.0, 40.0, 10.0])  # a1, a2, and b between them nearer a1
+    x = np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+    labels = np.array([0, 0, 1])  # b is alone in its class
+    # a1 ranks b then a2; a2 ranks b then a1: both find their class at rank 2.
+    result = evaluate(x, labels, ks=[1, 2])
+    assert result == {"recall@1": 0.0, "recall@2": 1.0, "map@r": 0.0, "r_precision": 0.0}
+
+
+# --- kNN against brute force --------------------------------------------------------------
+
+
+def test_knn_matches_brute_force_and_ignores_batch_size() -> None:
+    rng = np.random.default_rng(0)
+    queries = unit(rng.standard_normal((53, 16)))
+    gallery = unit(rng.standard_normal((300, 16)))
+    scores, indices = knn(queries, gallery, k=9, batch_size=10)
+    expected = brute_force_order(queries, gallery, self_match=False)[:, :9]
+    np.testing.assert_array_equal(indices, expected)
+    exact = np.take_along_axis(
+        queries.astype(np.float64) @ gallery.T.astype(np.float64), expected, 1
+    )
+    np.testing.assert_allclose(scores, exact, atol=1e-5)
+    assert scores.dtype == np.float32 and indices.dtype == np.int64
+
+
+def test_knn_excludes_the_query_by_id() -> None:
+    rng = np.random.default_rng(1)
+    x = unit(rng.standard_normal((200, 12)))
+    ids = np.arange(200) + 1000  # ids need not be positions
+    _, indices = knn(x, x, k=5, query_ids=ids, gallery_ids=ids)
+    expected = brute_force_order(x, x, self_match=True)[:, :5]
+    np.testing.assert_array_equal(indices, expected)
+
+
+def test_a_duplicate_of_the_query_stays_its_top_neighbour() -> None:
+    rng = np.random.default_rng(2)
+    x = unit(rng.standard_normal((60, 8)))
+    x[[10, 20, 30]] = x[5]  # four identical vectors: 5, 10, 20, 30
+    x[41] = x[40]
+    ids = np.arange(60)
+    scores, indices = knn(x, x, k=3, query_ids=ids, gallery_ids=ids)
+    assert not (indices == ids[:, None]).any()
+    for i in (5, 10, 20, 30):
+        assert set(indices[i]) == {5, 10, 20, 30} - {i}
+        np.testing.assert_allclose(scores[i], 1.0, atol=1e-6)
+    assert indices[40, 0] == 41 and indices[41, 0] == 40
+    assert scores[40, 0] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_knn_refuses_bad_arguments() -> None:
+    x = unit(np.random.default_rng(3).standard_normal((10, 4)))
+    ids = np.arange(10)
+    with pytest.raises(ValueError, match="k must be"):
+        knn(x, x, k=10, query_ids=ids, gallery_ids=ids)  # only 9 others exist
+    with pytest.raises(ValueError, match="dims"):
+        knn(x, x[:, :3], k=1)
+    with pytest.raises(ValueError, match="both"):
+        knn(x, x, k=1, query_ids=ids)
+    with pytest.raises(ValueError, match="unique"):
+        knn(x, x, k=1, query_ids=ids, gallery_ids=np.zeros(10, dtype=np.int64))
+
+
+# --- evaluate against brute force ---------------------------------------------------------
+
+
+# Blocks of 37 leave a ragged last block; blocks of 4 are narrower than the largest R, so a
+# query's first block cannot fill its list of best other-class scores.
+@pytest.mark.parametrize(("block", "threads"), [(1024, 1), (37, 3), (4, 2)])
+def test_evaluate_matches_brute_force_without_gallery(block: int, threads: int) -> None:
+    rng = np.random.default_rng(4)
+    x, labels = clustered(rng, n=300, classes=60, dim=8, noise=0.9)
+    labels[:3] = [1000, 1001, 1002]  # singletons
+    ks = [1, 2, 4, 8, 500]  # 500 is past the 299 others: every query finds its class
+    result = evaluate(x, labels, ks, block_size=block, threads=threads)
+    order = brute_force_order(x, x, self_match=True)[:, :-1]  # the query itself is last
+    r = np.array([np.sum(labels == y) - 1 for y in labels])
+    expected = reference_metrics(labels[order], labels, r, ks)
+    assert result.keys() == expected.keys()
+    assert 0.2 < result["recall@1"] < 0.9 and result["recall@500"] == 1.0
+    for name, value in expected.items():
+        assert result[name] == pytest.approx(value, abs=1e-12), name
+
+
+def test_evaluate_matches_brute_force_with_gallery() -> None:
+    rng = np.random.default_rng(5)
+    centres = rng.standard_normal((30, 8))
+    q_labels = rng.integers(0, 30, 120)
+    g_labels = rng.integers(0, 25, 200)  # query classes 25..29 have nothing to find
+    queries = unit(centres[q_labels] + 0.8 * rng.standard_normal((120, 8)))
+    gallery = unit(centres[g_labels] + 0.8 * rng.standard_normal((200, 8)))
+    ks = [1, 5, 10]
+    result = evaluate(
+        queries, q_labels, ks, gallery_vectors=gallery, gallery_labels=g_labels, block_size=50
+    )
+    order = brute_force_order(queries, gallery, self_match=False)
+    r = np.array([np.sum(g_labels == y) for y in q_labels])
+    assert (r == 0).any()
+    expected = reference_metrics(g_labels[order], q_labels, r, ks)
+    for name, value in expected.items():
+        assert result[name] == pytest.approx(value, abs=1e-12), name
+
+
+def test_evaluate_agrees_with_the_table_metrics_on_a_knn_table() -> None:
+    rng = np.random.default_rng(6)
+    x, labels = clustered(rng, n=250, classes=20, dim=6, noise=1.0)
+    ids = np.arange(len(x))
+    r = np.array([np.sum(labels == y) - 1 for y in labels])
+    _, indices = knn(x, x, k=int(r.max()), query_ids=ids, gallery_ids=ids)
+    table = labels[indices]
+    result = evaluate(x, labels, [1, 3])
+    assert result["map@r"] == pytest.approx(map_at_r(table, labels, r), abs=1e-12)
+    assert result["r_precision"] == pytest.approx(r_precision(table, labels, r), abs=1e-12)
+    recalls = recall_at_k(table, labels, [1, 3])
+    assert (result["recall@1"], result["recall@3"]) == (recalls[1], recalls[3])
+
+
+def test_evaluate_refuses_sets_with_nothing_to_retrieve() -> None:
+    x = unit(np.random.default_rng(8).standard_normal((4, 3)))
+    with pytest.raises(ValueError, match="no query"):
+        evaluate(x, np.arange(4), ks=[1])
+    with pytest.raises(ValueError, match="ks"):
+        evaluate(x, np.zeros(4, dtype=np.int64), ks=[0])
+
+
+# --- NMI ------------------------------------------------------------------------------------
+
+
+def test_nmi_is_one_on_separated_clusters_and_low_on_random_labels() -> None:
+    rng = np.random.default_rng(7)
+    x, labels = clustered(rng, n=400, classes=10, dim=16, noise=0.01)
+    assert nmi(x, labels) == pytest.approx(1.0, abs=1e-9)
+    assert evaluate(x, labels, [1], with_nmi=True)["nmi"] == pytest.approx(1.0, abs=1e-9)
+    shuffled = rng.permutation(labels)
+    assert nmi(x, shuffled) < 0.15

@@ -1,0 +1,172 @@
+"""Training end to end on the CPU: digits reach a real Recall@1; runs resume exactly."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_class_folder, run_cli
+
+from pactl import checkpoint as ckpt
+
+
+def read_metrics(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_digits_learns_unseen_classes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(
+        ["train", "digits", "--epochs", "3", "--name", "d", "--quiet"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    run = tmp_path / "runs" / "d"
+    for name in ("checkpoint.pt", "best.pt", "config.json", "metrics.csv", "curves.png"):
+        assert (run / name).is_file(), name
+    rows = read_metrics(run)
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
+    for column in (
+        "loss",
+        "lr",
+        "recall@1",
+        "recall@2",
+        "recall@4",
+        "recall@8",
+        "map@r",
+        "seconds",
+    ):
+        assert rows[-1][column] != ""
+    # Retrieval of digits 5-9, never seen in training, against the same network untrained.
+    before = untrained_digits_metrics()
+    after = {k: float(v) for k, v in rows[-1].items() if k in before}
+    assert after["recall@1"] >= 0.90
+    assert after["recall@1"] >= before["recall@1"] + 0.03, (before, after)
+    assert after["map@r"] >= before["map@r"] + 0.10, (before, after)
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    best = ckpt.load(run / "best.pt")
+    assert best["kind"] == "export" and "optimizer" not in best
+    assert best["fingerprint"] == ckpt.fingerprint(best["model"])
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in best["model"])
+    config = json.loads((run / "config.json").read_text())
+    assert config["train_config"]["alpha"] == 32.0 and config["train_config"]["delta"] == 0.1
+    assert "run: " in out
+
+
+def untrained_digits_metrics() -> dict[str, float]:
+    from pactl import metrics
+    from pactl.config import PRESETS
+    from pactl.console import QUIET
+    from pactl.datasets import load_source
+    from pactl.embed import embed_files
+    from pactl.model import build_model
+
+    test = load_source("digits", QUIET).select("test")
+    net, config = build_model(PRESETS["digits"].model, seed=PRESETS["digits"].train.seed)
+    done = embed_files(net, test.files(), config, torch.device("cpu"), QUIET)
+    return metrics.evaluate(done.vectors, test.labels[done.rows], (1, 2, 4, 8))
+
+
+def tiny_train(tmp_path: Path, monkeypatch, capsys, *extra: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    return run_cli(
+        [
+            "train",
+            str(tmp_path / "imgs"),
+            "--backbone",
+            "small",
+            "--weights",
+            "none",
+            "--dim",
+            "16",
+            "--image-size",
+            "16",
+            "--batch-size",
+            "8",
+            "--lr",
+            "1e-3",
+            "--warmup-epochs",
+            "1",
+            "--workers",
+            "0",
+            "--quiet",
+            *extra,
+        ],
+        monkeypatch,
+        capsys,
+    )
+
+
+def test_resume_gives_the_same_metrics_as_one_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    code, _, err = tiny_train(tmp_path, monkeypatch, capsys, "--epochs", "3", "--name", "whole")
+    assert code == 0, err
+    code, _, err = tiny_train(tmp_path, monkeypatch, capsys, "--epochs", "2", "--name", "part")
+    assert code == 0, err
+    code, _, err = run_cli(
+        ["train", "--resume", str(tmp_path / "runs" / "part"), "--epochs", "3", "--quiet"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 0, err
+    whole = read_metrics(tmp_path / "runs" / "whole")
+    part = read_metrics(tmp_path / "runs" / "part")
+    drop = {"seconds"}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in part] == [
+        {k: v for k, v in r.items() if k not in drop} for r in whole
+    ]
+    a = ckpt.load(tmp_path / "runs" / "whole" / "checkpoint.pt")
+    b = ckpt.load(tmp_path / "runs" / "part" / "checkpoint.pt")
+    assert a["fingerprint"] == b["fingerprint"]
+    assert torch.equal(a["proxies"]["proxies"], b["proxies"]["proxies"])
+
+
+def test_used_run_folder_is_refused_without_overwrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    assert tiny_train(tmp_path, monkeypatch, capsys, "--epochs", "1", "--name", "r")[0] == 0
+    code, _, err = tiny_train(tmp_path, monkeypatch, capsys, "--epochs", "1", "--name", "r")
+    assert code == 1 and "not empty" in err
+    code, _, err = tiny_train(
+        tmp_path, monkeypatch, capsys, "--epochs", "1", "--name", "r", "--overwrite"
+    )
+    assert code == 0, err
+
+
+def test_print_config_shows_the_paper_preset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_cli(["train", "cars196", "--print-config"], monkeypatch, capsys)
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["model"]["backbone"] == "bn_inception"
+    assert shown["train"]["lr"] == 1e-4 and shown["train"]["lr_decay_step"] == 20
+    assert shown["train"]["proxy_lr_mult"] == 100.0
+
+
+def test_batch_larger_than_dataset_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    code, _, err = run_cli(
+        [
+            "train",
+            str(tmp_path / "imgs"),
+            "--backbone",
+            "small",
+            "--weights",
+            "none",
+            "--batch-size",
+            "64",
+            "--quiet",
+        ],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 1 and "larger than the train split" in err
