@@ -36,7 +36,7 @@ demo: $(STAMP)
 	$(PACTL) download digits
 	$(PACTL) train digits --name demo --overwrite
 	$(PACTL) index
-	$(PACTL) query $(DEMO_HOME)/datasets/digits/7/0007.png --k 4 --format table
+	$(PACTL) query $(DEMO_HOME)/datasets/digits/7/0007.png --k 4 --exclude-self --format table
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_loss.py

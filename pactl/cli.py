@@ -285,17 +285,25 @@ def embed(
     workers: Workers = 0,
     device: Device = "auto",
     amp: Annotated[Amp, typer.Option(help="Mixed precision autocast.")] = Amp.none,
+    shard: Annotated[
+        str | None, typer.Option(help="Embed slice i of n ('i/n', 0-based; 'auto' under torchrun).")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Embed images into vectors.npy (float32, L2-normalised), items.csv and meta.json.
 
-    Unreadable images are skipped and listed in skipped.csv.
+    Unreadable images are skipped and listed in skipped.csv. Run again into the same folder,
+    only new or changed files (path, size, modification time) are embedded.
 
     [bold]Examples[/bold]
 
       pactl embed photos/ --checkpoint runs/<run>/best.pt --out vectors/
 
       pactl embed digits --split test --checkpoint runs/<run>/best.pt
+
+      pactl embed photos/ --checkpoint best.pt --out vectors/ --shard 0/4   # on 4 machines
+
+      torchrun --nproc-per-node 8 -m pactl embed photos/ --checkpoint best.pt --shard auto
     """
     from pactl.pipeline import embed_source
 
@@ -309,8 +317,10 @@ def embed(
         batch_size,
         workers,
         amp.value,
+        shard,
     )
-    out.print(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}")
+    fresh = f", {meta['embedded']} embedded now" if "embedded" in meta else ""
+    out.print(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}")
     if meta["skipped"]:
         err.print(f"{meta['skipped']} unreadable images skipped: see {out_dir / 'skipped.csv'}")
 
@@ -331,10 +341,18 @@ def index(
     factory: Annotated[str | None, typer.Option(help="FAISS factory string, e.g. Flat.")] = None,
     target_recall: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
     split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
+    add: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, file_okay=False, help="Append SOURCE's new images to this bundle."
+        ),
+    ] = None,
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
     """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
+
+    An embed folder with shards/ (from `pactl embed --shard i/n`) is merged in shard order.
 
     [bold]Examples[/bold]
 
@@ -343,14 +361,22 @@ def index(
       pactl index vectors/ --out my_index/
 
       pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
+
+      pactl index new_photos/ --add runs/<run>/index      # no rebuild
     """
     from pactl import pipeline
 
     log = reporter(quiet)
     config = IndexConfig(factory=factory, target_recall=target_recall)
+    if add is not None:
+        if source is None:
+            raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
+        done = pipeline.add_to_index(source, add, split, device, log)
+        out.print(f"added {done['added']} items to {add} ({done['count']} in all)")
+        return
     if source is None:
         bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log)
-    elif (Path(source) / "vectors.npy").is_file():
+    elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
         bundle, meta = pipeline.index_vectors(Path(source), out_dir, config, log)
     elif checkpoint is None:
         raise UsageError(

@@ -133,11 +133,81 @@ def embed_files(
     return Embedded(vectors[:filled], rows[:filled], failed)
 
 
-def write_items(path: Path, ids: np.ndarray, paths: Sequence[str], labels: Sequence[str]) -> None:
+ITEMS_COLUMNS = ("id", "path", "label", "size", "mtime_ns")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Slice `index` of `count` equal slices of the input list (`--shard i/n`)."""
+
+    index: int = 0
+    count: int = 1
+
+    def bounds(self, n: int) -> tuple[int, int]:
+        return n * self.index // self.count, n * (self.index + 1) // self.count
+
+    @property
+    def name(self) -> str:  # zero-padded: merge order never depends on how names sort
+        return f"{self.index:05d}-of-{self.count:05d}"
+
+
+def parse_shard(text: str) -> Shard:
+    """`i/n` (0-based), or `auto` for this process's rank under torchrun."""
+    if text == "auto":
+        return Shard(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise PactlError(f"--shard takes i/n, e.g. 0/4 (got {text!r})") from None
+    if not 0 <= index < count:
+        raise PactlError(f"--shard {text}: need 0 <= i < n")
+    return Shard(index, count)
+
+
+@dataclass
+class Previous:
+    """What an earlier embed into the same folder, with the same model, already has."""
+
+    vectors: np.ndarray  # memory-mapped
+    rows: dict[str, tuple[int, int, int, int]]  # path -> (row, id, size, mtime_ns)
+
+    @property
+    def next_id(self) -> int:
+        return 1 + max((r[1] for r in self.rows.values()), default=-1)
+
+
+def read_previous(out_dir: Path, fingerprint: str) -> Previous | None:
+    """The folder's earlier vectors when they came from the same model, else None."""
+    try:
+        vectors, meta = read_vectors(out_dir)
+    except PactlError:
+        return None
+    if meta.get("fingerprint") != fingerprint:
+        return None
+    rows: dict[str, tuple[int, int, int, int]] = {}
+    with open(out_dir / "items.csv", newline="", encoding="utf-8") as f:
+        for row, r in enumerate(csv.DictReader(f)):
+            size, mtime = int(r.get("size") or -1), int(r.get("mtime_ns") or -1)
+            rows[r["path"]] = (row, int(r["id"]), size, mtime)
+    return Previous(vectors, rows)
+
+
+def file_stats(files: Sequence[Path]) -> list[tuple[int, int]]:
+    stats = []
+    for f in files:
+        try:
+            st = os.stat(f)
+            stats.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            stats.append((-1, -1))  # the loader reports why it cannot be read
+    return stats
+
+
+def write_items(path: Path, rows: list[tuple[int, str, str, int, int]]) -> None:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["id", "path", "label"])
-    writer.writerows(zip(ids.tolist(), paths, labels, strict=True))
+    writer.writerow(ITEMS_COLUMNS)
+    writer.writerows(rows)
     atomic_write_text(path, buffer.getvalue())
 
 
@@ -149,12 +219,42 @@ def write_skipped(path: Path, failed: list[tuple[str, str]]) -> None:
     atomic_write_text(path, buffer.getvalue())
 
 
+@dataclass
+class Plan:
+    """Per input file: its id, and the earlier vector's row to reuse (-1: embed it)."""
+
+    ids: np.ndarray  # (N,) int64
+    reuse: np.ndarray  # (N,) int64
+
+
+def plan(
+    files: Sequence[Path], ids: np.ndarray, stats: list[tuple[int, int]], previous: Previous | None
+) -> Plan:
+    """Unchanged files (same path, size and modification time) keep their vector and id;
+    changed ones keep their id and are embedded again; new ones get ids after the largest."""
+    ids = ids.copy()
+    reuse = np.full(len(files), -1, dtype=np.int64)
+    if previous is None:
+        return Plan(ids, reuse)
+    next_id = previous.next_id
+    for i, (f, st) in enumerate(zip(files, stats, strict=True)):
+        known = previous.rows.get(str(f))
+        if known is None:
+            ids[i], next_id = next_id, next_id + 1
+            continue
+        row, ids[i], size, mtime = known
+        if (size, mtime) == st and st != (-1, -1):
+            reuse[i] = row
+    return Plan(ids, reuse)
+
+
 def embed_to_folder(
     model: nn.Module,
     checkpoint: dict[str, Any],
     checkpoint_path: Path,
     files: Sequence[Path],
     labels: Sequence[str],
+    ids: np.ndarray,
     out_dir: Path,
     device: torch.device,
     reporter: Reporter,
@@ -162,37 +262,57 @@ def embed_to_folder(
     workers: int = 0,
     amp: str = "none",
 ) -> dict[str, Any]:
-    """Write vectors.npy (memory-mapped while filled), items.csv, meta.json, skipped.csv."""
+    """Write vectors.npy (memory-mapped while filled), items.csv, meta.json, skipped.csv.
+
+    Run again into the same folder with the same model, only new or changed files are embedded.
+    """
     from pactl.config import from_dict
 
     model_config = from_dict(ModelConfig, checkpoint["model_config"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / "vectors.npy"
+    stats = file_stats(files)
+    previous = read_previous(out_dir, checkpoint["fingerprint"])
+    job = plan(files, ids, stats, previous)
+    todo = np.flatnonzero(job.reuse < 0)
+    if previous is not None and not len(todo) and len(previous.rows) == len(files):
+        reporter.log(f"{out_dir} is up to date: nothing new or changed")
+        meta: dict[str, Any] = json.loads((out_dir / "meta.json").read_text())
+        return meta
     dim = model_config.embedding_dim
-    with atomic_path(target) as tmp:
-        memmap = np.lib.format.open_memmap(
-            tmp, mode="w+", dtype=np.float32, shape=(len(files), dim)
+    fresh_path = out_dir / ".fresh.npy.tmp"  # scratch for the new vectors, removed below
+    try:
+        fresh = np.lib.format.open_memmap(
+            fresh_path, mode="w+", dtype=np.float32, shape=(len(todo), dim)
         )
+        todo_files = [files[i] for i in todo.tolist()]
         result = embed_files(
-            model, files, model_config, device, reporter, batch_size, workers, amp, out=memmap
+            model, todo_files, model_config, device, reporter, batch_size, workers, amp, out=fresh
         )
-        n = len(result.rows)
-        memmap.flush()
-        if n < len(files):
-            _pack(memmap, n, tmp)
-        del memmap
-    names = [str(files[i]) for i in result.rows]
-    # Row i of vectors.npy is item id i; skipped images get no row and no id.
-    ids = np.arange(n, dtype=np.int64)
-    write_items(out_dir / "items.csv", ids, names, [labels[i] for i in result.rows])
-    skipped = [(str(files[i]), reason) for i, reason in result.failed]
+        embedded = np.full(len(files), -1, dtype=np.int64)
+        embedded[todo[result.rows]] = np.arange(len(result.rows))
+        keep = np.flatnonzero((job.reuse >= 0) | (embedded >= 0))  # input order
+        with atomic_path(out_dir / "vectors.npy") as tmp:
+            final = np.lib.format.open_memmap(
+                tmp, mode="w+", dtype=np.float32, shape=(len(keep), dim)
+            )
+            _assemble(final, keep, job.reuse, embedded, previous, fresh)
+            final.flush()
+            del final
+        del fresh
+    finally:
+        fresh_path.unlink(missing_ok=True)
+    rows = [(int(job.ids[i]), str(files[i]), labels[i], *stats[i]) for i in keep.tolist()]
+    write_items(out_dir / "items.csv", rows)
+    skipped = [(str(todo_files[i]), reason) for i, reason in result.failed]
     write_skipped(out_dir / "skipped.csv", skipped)
     meta = {
         "format": VECTORS_FORMAT,
         "version": 1,
         "pactl_version": __version__,
         "dimension": dim,
-        "count": n,
+        "count": len(keep),
+        "embedded": len(result.rows),
+        "reused": int((job.reuse >= 0).sum()),
         "skipped": len(skipped),
         "metric": "ip",
         "checkpoint": str(checkpoint_path.resolve()),
@@ -203,18 +323,25 @@ def embed_to_folder(
     return meta
 
 
-def _pack(memmap: np.ndarray, rows: int, path: Path, chunk: int = 65536) -> None:
-    """Replace the .npy at `path` with its first `rows` rows, copied in chunks (bounded memory)."""
-    packed_path = path.with_name(path.name + ".packed.tmp")
-    packed = np.lib.format.open_memmap(
-        packed_path, mode="w+", dtype=np.float32, shape=(rows, memmap.shape[1])
-    )
-    for start in range(0, rows, chunk):
-        stop = min(start + chunk, rows)
-        packed[start:stop] = memmap[start:stop]
-    packed.flush()
-    del packed
-    os.replace(packed_path, path)
+def _assemble(
+    final: np.ndarray,
+    keep: np.ndarray,
+    reuse: np.ndarray,
+    embedded: np.ndarray,
+    previous: Previous | None,
+    fresh: np.ndarray,
+    chunk: int = 65536,
+) -> None:
+    """Fill `final` in input order from the earlier and the fresh vectors, a chunk at a time."""
+    for start in range(0, len(keep), chunk):
+        rows = keep[start : start + chunk]
+        old, new = reuse[rows], embedded[rows]
+        block = np.empty((len(rows), final.shape[1]), dtype=np.float32)
+        if previous is not None and (old >= 0).any():
+            block[old >= 0] = previous.vectors[old[old >= 0]]
+        if (new >= 0).any():
+            block[new >= 0] = fresh[new[new >= 0]]
+        final[start : start + len(rows)] = block
 
 
 def read_vectors(folder: Path) -> tuple[np.ndarray, dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,11 +47,144 @@ def embed_source(
     batch_size: int = 128,
     workers: int = 0,
     amp: str = "none",
+    shard: str | None = None,
 ) -> dict[str, Any]:
+    """Embed a source into `out_dir`, or with `shard` ("i/n", "auto") one slice of it into
+    `out_dir/shards/<i>-of-<n>/`; ids are positions in the whole (sorted) input list."""
+    from pactl.embed import Shard, parse_shard
+
+    files, labels = source_items(source, split, reporter)
+    ids = np.arange(len(files), dtype=np.int64)
+    part = parse_shard(shard) if shard else Shard()
+    if part.count > 1:
+        start, stop = part.bounds(len(files))
+        files, labels, ids = files[start:stop], labels[start:stop], ids[start:stop]
+        out_dir = out_dir / "shards" / part.name
+        reporter.log(f"shard {part.index + 1} of {part.count}: items {start} to {stop - 1}")
+    return embed_source_files(
+        files,
+        labels,
+        ids,
+        checkpoint_path,
+        out_dir,
+        device_name,
+        reporter,
+        workers,
+        batch_size,
+        amp,
+    )
+
+
+def gather_vectors(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
+    """Vectors, items and meta of an embed folder, its shards merged in shard order."""
+    from pactl.embed import read_vectors
+    from pactl.index import ItemTable
+
+    shards = sorted((folder / "shards").glob("*-of-*/meta.json"))
+    if not shards:
+        vectors, meta = read_vectors(folder)
+        return vectors, ItemTable.read(folder / "items.csv"), meta
+    parts = [(read_vectors(m.parent), ItemTable.read(m.parent / "items.csv")) for m in shards]
+    counts = {m.parent.name.split("-of-")[1] for m in shards}
+    expected = int(counts.pop()) if len(counts) == 1 else -1
+    if expected != len(shards):
+        raise PactlError(
+            f"{folder}/shards holds {len(shards)} finished shards of {sorted(counts) or '?'}; "
+            "finish the missing ones with `pactl embed ... --shard i/n`"
+        )
+    fingerprints = {meta["fingerprint"] for (_, meta), _ in parts}
+    if len(fingerprints) != 1:
+        raise PactlError(f"the shards in {folder}/shards were embedded with different models")
+    vectors = np.concatenate([np.asarray(v) for (v, _), _ in parts])
+    items = parts[0][1]
+    for _, more in parts[1:]:
+        items = items.concat(more)
+    meta = {**parts[0][0][1], "count": len(vectors)}
+    return vectors, items, meta
+
+
+def index_vectors(
+    vectors_dir: Path, out: Path | None, config: IndexConfig, reporter: Reporter
+) -> tuple[Path, dict[str, Any]]:
+    """Build a bundle from an embed output folder; returns (bundle folder, meta)."""
+    from pactl.index import build_index, save_bundle
+
+    vectors, items, meta = gather_vectors(vectors_dir)
+    if len(vectors) == 0:
+        raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
+    out = out or default_bundle_dir(Path(meta["checkpoint"]))
+    index, tuning = build_index(np.ascontiguousarray(vectors), config, reporter, ids=items.ids)
+    bundle_meta = {
+        **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
+        "model_config": meta["model_config"],
+        "vectors": str(vectors_dir.resolve()),
+        **tuning,
+    }
+    save_bundle(out, index, items, bundle_meta)
+    return out, bundle_meta
+
+
+def add_to_index(
+    source: str,
+    bundle_dir: Path,
+    split: str | None,
+    device_name: str,
+    reporter: Reporter,
+    workers: int = 0,
+) -> dict[str, Any]:
+    """Embed the images of `source` that the bundle lacks with its own model and append them."""
+    from pactl.index import add_to_bundle, load_bundle
+
+    bundle = load_bundle(bundle_dir, mmap=False)
+    known = set(bundle.items.paths.tolist())
+    files, labels = source_items(source, split, reporter)
+    new = [(f, lab) for f, lab in zip(files, labels, strict=True) if str(f) not in known]
+    if not new:
+        reporter.log(f"every image of {source} is already in {bundle_dir}")
+        return {"added": 0, "count": bundle.index.ntotal}
+    scratch = bundle_dir / ".add"
+    if scratch.exists():  # left by an interrupted --add
+        shutil.rmtree(scratch)
+    first = bundle.items.max_id() + 1
+    ids = np.arange(first, first + len(new), dtype=np.int64)
+    checkpoint = Path(bundle.meta["checkpoint"])
+    del bundle  # release the index file before it is rewritten
+    embed_source_files(
+        [f for f, _ in new],
+        [lab for _, lab in new],
+        ids,
+        checkpoint,
+        scratch,
+        device_name,
+        reporter,
+        workers,
+    )
+    vectors, items, meta = gather_vectors(scratch)
+    rows = list(zip(items.ids.tolist(), items.paths.tolist(), items.labels.tolist(), strict=True))
+    add_to_bundle(bundle_dir, np.ascontiguousarray(vectors), rows, meta, reporter)
+    shutil.rmtree(scratch)
+    return {
+        "added": len(rows),
+        "count": int(json.loads((bundle_dir / "meta.json").read_text())["count"]),
+    }
+
+
+def embed_source_files(
+    files: list[Path],
+    labels: list[str],
+    ids: np.ndarray,
+    checkpoint_path: Path,
+    out_dir: Path,
+    device_name: str,
+    reporter: Reporter,
+    workers: int = 0,
+    batch_size: int = 128,
+    amp: str = "none",
+) -> dict[str, Any]:
+    """Embed `files` (with explicit `ids`) with the checkpoint's model into `out_dir`."""
     from pactl.checkpoint import load_model
     from pactl.embed import embed_to_folder, resolve_device
 
-    files, labels = source_items(source, split, reporter)
     model, _, payload = load_model(checkpoint_path)
     device = resolve_device(device_name)
     model.to(device)
@@ -60,6 +194,7 @@ def embed_source(
         checkpoint_path,
         files,
         labels,
+        ids,
         out_dir,
         device,
         reporter,
@@ -67,28 +202,6 @@ def embed_source(
         workers=workers,
         amp=amp,
     )
-
-
-def index_vectors(
-    vectors_dir: Path, out: Path | None, config: IndexConfig, reporter: Reporter
-) -> tuple[Path, dict[str, Any]]:
-    """Build a bundle from an embed output folder; returns (bundle folder, meta)."""
-    from pactl.embed import read_vectors
-    from pactl.index import build_index, save_bundle
-
-    vectors, meta = read_vectors(vectors_dir)
-    if len(vectors) == 0:
-        raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
-    out = out or default_bundle_dir(Path(meta["checkpoint"]))
-    index, tuning = build_index(np.ascontiguousarray(vectors), config, reporter)
-    bundle_meta = {
-        **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
-        "model_config": meta["model_config"],
-        "vectors": str(vectors_dir.resolve()),
-        **tuning,
-    }
-    save_bundle(out, index, vectors_dir / "items.csv", bundle_meta)
-    return out, bundle_meta
 
 
 def default_bundle_dir(checkpoint: Path) -> Path:

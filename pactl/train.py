@@ -128,6 +128,25 @@ def build_trainer(
     )
 
 
+def train_step(t: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One optimiser step on a batch already on the device; returns the (detached) loss."""
+    if t.cfg.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    with autocast(t.device, t.cfg.amp):
+        embeddings = t.model(images)  # (B, D) float32, unit rows
+    embeddings, labels = gather_batch(embeddings, labels, t.world)
+    loss = t.criterion(embeddings, labels)  # float32 inside, whatever the autocast
+    t.optimizer.zero_grad(set_to_none=True)
+    t.scaler.scale(loss).backward()
+    if t.cfg.grad_clip > 0:
+        t.scaler.unscale_(t.optimizer)
+        torch.nn.utils.clip_grad_value_(t.net.parameters(), t.cfg.grad_clip)
+        torch.nn.utils.clip_grad_value_(t.criterion.parameters(), t.cfg.grad_clip)
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    return loss.detach()
+
+
 def train_one_epoch(
     t: Trainer, loader: torch.utils.data.DataLoader, epoch: int, reporter: Reporter
 ) -> float:
@@ -144,21 +163,7 @@ def train_one_epoch(
                 continue
             images = batch.images.to(t.device, non_blocking=True)
             labels = batch.labels.to(t.device, non_blocking=True)
-            if t.cfg.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            with autocast(t.device, t.cfg.amp):
-                embeddings = t.model(images)  # (B, D) float32, unit rows
-            embeddings, labels = gather_batch(embeddings, labels, t.world)
-            loss = t.criterion(embeddings, labels)  # float32 inside, whatever the autocast
-            t.optimizer.zero_grad(set_to_none=True)
-            t.scaler.scale(loss).backward()
-            if t.cfg.grad_clip > 0:
-                t.scaler.unscale_(t.optimizer)
-                torch.nn.utils.clip_grad_value_(t.net.parameters(), t.cfg.grad_clip)
-                torch.nn.utils.clip_grad_value_(t.criterion.parameters(), t.cfg.grad_clip)
-            t.scaler.step(t.optimizer)
-            t.scaler.update()
-            value = float(loss.detach())
+            value = float(train_step(t, images, labels))
             if not math.isfinite(value):
                 raise PactlError(
                     f"the loss became {value} at epoch {epoch + 1}; lower --lr or use --amp none"

@@ -20,9 +20,11 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path
 
 
-def make_class_folder(root: Path, classes: int = 6, per_class: int = 6, size: int = 16) -> Path:
+def make_class_folder(
+    root: Path, classes: int = 6, per_class: int = 6, size: int = 16, seed: int = 0
+) -> Path:
     """`root/<class>/<n>.png`: each class a distinct colour pattern plus seeded noise."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for c in range(classes):
         base = rng.integers(0, 256, size=(1, 1, 3))
         for n in range(per_class):

@@ -67,7 +67,6 @@ def environment(tmp_path: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
 def test_sigkill_during_training_then_resume(tmp_path: Path) -> None:
     make_class_folder(tmp_path / "imgs", classes=6, per_class=8)
     env = environment(tmp_path)
@@ -91,7 +90,6 @@ def test_sigkill_during_training_then_resume(tmp_path: Path) -> None:
     assert ckpt.load(run / "best.pt")["kind"] == "export"
 
 
-@pytest.mark.slow
 def test_sigkill_during_embed_and_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

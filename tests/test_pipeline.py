@@ -169,7 +169,11 @@ def test_embed_then_index_a_plain_folder(
     skipped = read_csv(tmp_path / "vec" / "skipped.csv")
     assert [Path(r["path"]).name for r in skipped] == ["broken.png"]
     items = read_csv(tmp_path / "vec" / "items.csv")
-    assert [int(r["id"]) for r in items] == list(range(30))
+    # An id is the image's position in the sorted input; the unreadable one has none.
+    everything = sorted(str(p) for p in (tmp_path / "imgs").rglob("*.png"))
+    broken = everything.index(str(tmp_path / "imgs" / "class_0" / "broken.png"))
+    assert [int(r["id"]) for r in items] == [i for i in range(31) if i != broken]
+    assert [r["path"] for r in items] == [p for p in everything if "broken" not in p]
     assert {r["label"] for r in items} == {f"class_{c}" for c in range(6)}
     code, out, err = run_cli(["index", "vec", "--out", "bundle", "--quiet"], monkeypatch, capsys)
     assert code == 0, err
@@ -196,3 +200,111 @@ def test_eval_writes_the_report(
         max(float(r["recall@1"]) for r in read_csv(trained / "metrics.csv")), abs=1e-6
     )
     assert "recall@1" in out and "map@r" in out
+
+
+def test_reembed_only_new_or_changed_files(
+    trained: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from PIL import Image
+
+    embed = [
+        "embed",
+        str(tmp_path / "imgs"),
+        "--checkpoint",
+        str(trained / "best.pt"),
+        "--out",
+        "vec",
+        "--quiet",
+    ]
+    assert run_cli(embed, monkeypatch, capsys)[0] == 0
+    before = np.load(tmp_path / "vec" / "vectors.npy")
+    old_items = {r["path"]: int(r["id"]) for r in read_csv(tmp_path / "vec" / "items.csv")}
+    changed = tmp_path / "imgs" / "class_1" / "0.png"
+    Image.new("RGB", (16, 16), (250, 10, 10)).save(changed)
+    added = tmp_path / "imgs" / "class_1" / "new.png"
+    Image.new("RGB", (16, 16), (10, 250, 10)).save(added)
+    removed = tmp_path / "imgs" / "class_2" / "0.png"
+    removed.unlink()
+
+    code, out, err = run_cli(embed, monkeypatch, capsys)
+    assert code == 0, err
+    meta = json.loads((tmp_path / "vec" / "meta.json").read_text())
+    assert (meta["embedded"], meta["reused"], meta["count"]) == (2, 28, 30)
+    items = read_csv(tmp_path / "vec" / "items.csv")
+    after = np.load(tmp_path / "vec" / "vectors.npy")
+    ids = {r["path"]: int(r["id"]) for r in items}
+    assert str(removed) not in ids
+    assert ids[str(changed)] == old_items[str(changed)]
+    assert ids[str(added)] == max(old_items.values()) + 1
+    old_rows = {p: i for i, p in enumerate(old_items)}
+    for row, r in enumerate(items):  # unchanged files keep their exact vectors
+        if r["path"] not in (str(changed), str(added)):
+            assert np.array_equal(after[row], before[old_rows[r["path"]]])
+    assert not np.allclose(
+        after[[r["path"] for r in items].index(str(changed))], before[old_rows[str(changed)]]
+    )
+    code, out, err = run_cli([*embed[:-1]], monkeypatch, capsys)  # not quiet: says why
+    assert code == 0 and "up to date" in err
+
+
+def test_shards_merge_to_the_same_index_and_add_appends(
+    trained: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    best = str(trained / "best.pt")
+    imgs = str(tmp_path / "imgs")
+    assert (
+        run_cli(
+            ["embed", imgs, "--checkpoint", best, "--out", "whole", "--quiet"], monkeypatch, capsys
+        )[0]
+        == 0
+    )
+    for i in (2, 0, 1):  # any order
+        code, _, err = run_cli(
+            ["embed", imgs, "--checkpoint", best, "--out", "parts", "--shard", f"{i}/3", "--quiet"],
+            monkeypatch,
+            capsys,
+        )
+        assert code == 0, err
+    code, _, err = run_cli(["index", "parts", "--out", "b1", "--quiet"], monkeypatch, capsys)
+    assert code == 0, err
+    assert run_cli(["index", "whole", "--out", "b2", "--quiet"], monkeypatch, capsys)[0] == 0
+    assert read_csv(tmp_path / "b1" / "items.csv") == read_csv(tmp_path / "b2" / "items.csv")
+    image = str(next((tmp_path / "imgs").glob("class_4/*.png")))
+    answers = []
+    for bundle in ("b1", "b2"):
+        code, out, err = run_cli(
+            ["query", image, "--index", bundle, "--k", "5"], monkeypatch, capsys
+        )
+        answers.append([(r["id"], r["path"]) for r in map(json.loads, out.splitlines())])
+    assert answers[0] == answers[1]
+
+    # A missing shard is named, not silently ignored.
+    import shutil
+
+    shutil.rmtree(tmp_path / "parts" / "shards" / "00001-of-00003")
+    code, _, err = run_cli(["index", "parts", "--out", "b3", "--quiet"], monkeypatch, capsys)
+    assert code == 1 and "finished shards" in err
+
+    make_class_folder(tmp_path / "more", classes=1, per_class=3, seed=1)
+    more = sorted((tmp_path / "more").rglob("*.png"))
+    code, out, err = run_cli(
+        ["index", str(tmp_path / "more"), "--add", "b2", "--quiet"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    assert "added 3 items" in out
+    items = read_csv(tmp_path / "b2" / "items.csv")
+    assert len(items) == 33 and [int(r["id"]) for r in items[-3:]] == [30, 31, 32]
+    code, out, err = run_cli(
+        ["query", str(more[1]), "--index", "b2", "--k", "1"], monkeypatch, capsys
+    )
+    assert json.loads(out)["path"] == str(more[1])
+    code, out, err = run_cli(
+        ["index", str(tmp_path / "more"), "--add", "b2", "--quiet"], monkeypatch, capsys
+    )
+    assert code == 0 and "added 0 items" in out
