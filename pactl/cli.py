@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -246,14 +248,21 @@ def train(
     manifest = load_source(source, log)
     prepare_run_dir(run, resume=bool(resume), overwrite=overwrite)
     log.log(f"training on {manifest.source} -> {run}")
-    try:
+    with on_interrupt(f"continue with: pactl train --resume {run}"):
         result = fit(source, manifest, model_cfg, cfg, run, log, resume=bool(resume))
-    except KeyboardInterrupt:
-        err.print(f"interrupted; continue with: pactl train --resume {run}")
-        raise typer.Exit(130) from None
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
     out.print(f"run: {result.run_dir}")
     out.print(f"best epoch {result.best_epoch}: {best}")
+
+
+@contextmanager
+def on_interrupt(hint: str) -> Iterator[None]:
+    """Ctrl-C: one line saying how to go on, exit code 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(f"interrupted; {hint}")
+        raise typer.Exit(130) from None
 
 
 def _value(choice: Enum | None) -> Any:
@@ -307,18 +316,19 @@ def embed(
     """
     from pactl.pipeline import embed_source
 
-    meta = embed_source(
-        source,
-        checkpoint,
-        out_dir,
-        split,
-        device,
-        reporter(quiet),
-        batch_size,
-        workers,
-        amp.value,
-        shard,
-    )
+    with on_interrupt("nothing half-written was kept; run the same command again"):
+        meta = embed_source(
+            source,
+            checkpoint,
+            out_dir,
+            split,
+            device,
+            reporter(quiet),
+            batch_size,
+            workers,
+            amp.value,
+            shard,
+        )
     fresh = f", {meta['embedded']} embedded now" if "embedded" in meta else ""
     out.print(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}")
     if meta["skipped"]:

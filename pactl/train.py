@@ -140,8 +140,9 @@ def train_step(t: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.
     t.scaler.scale(loss).backward()
     if t.cfg.grad_clip > 0:
         t.scaler.unscale_(t.optimizer)
-        torch.nn.utils.clip_grad_value_(t.net.parameters(), t.cfg.grad_clip)
-        torch.nn.utils.clip_grad_value_(t.criterion.parameters(), t.cfg.grad_clip)
+        for params in (list(t.net.parameters()), list(t.criterion.parameters())):
+            if params:  # proxy-free losses have none
+                torch.nn.utils.clip_grad_value_(params, t.cfg.grad_clip)
     t.scaler.step(t.optimizer)
     t.scaler.update()
     return loss.detach()

@@ -141,3 +141,21 @@ def test_full_disk_keeps_the_previous_checkpoint(
     assert "no space left" in err and len(err.strip().splitlines()) == 1
     assert (run / "checkpoint.pt").read_bytes() == before
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=8)
+    run = tmp_path / "runs" / "c"
+    process = pactl(
+        ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "50", "--name", "c"],
+        environment(tmp_path),
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoint.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130
+    assert f"pactl train --resume {run}".encode() in err
+    assert b"Traceback" not in err
+    ckpt.load(run / "checkpoint.pt")  # still a complete checkpoint

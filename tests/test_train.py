@@ -170,3 +170,64 @@ def test_batch_larger_than_dataset_is_refused(
         capsys,
     )
     assert code == 1 and "larger than the train split" in err
+
+
+def test_benchmark_not_downloaded_gets_a_hint(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["train", "cub200"], monkeypatch, capsys)
+    assert code == 1 and out == ""
+    assert "run `pactl download cub200`" in err
+
+
+def test_bf16_autocast_step_matches_float32(tmp_path: Path) -> None:
+    """Under bf16 autocast the network runs in bf16, the loss in float32, close to fp32."""
+    from pactl.config import ModelConfig, TrainConfig
+    from pactl.distributed import World
+    from pactl.train import build_trainer, train_step
+
+    model_cfg = ModelConfig(
+        backbone="small", weights="none", embedding_dim=16, image_size=16, resize_size=16
+    )
+    images = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    losses = {}
+    for amp in ("none", "bf16"):
+        cfg = TrainConfig(device="cpu", amp=amp, channels_last=amp == "bf16", workers=0)
+        t = build_trainer(model_cfg, cfg, 4, World())
+        loss = train_step(t, images, labels)
+        assert loss.dtype == torch.float32
+        assert t.criterion.proxies.dtype == torch.float32
+        assert all(p.dtype == torch.float32 for p in t.net.parameters())
+        losses[amp] = float(loss)
+    assert losses["bf16"] == pytest.approx(losses["none"], rel=2e-2)
+
+
+def test_baseline_loss_and_class_balanced_sampler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    code, _, err = tiny_train(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        "--epochs",
+        "1",
+        "--name",
+        "ms",
+        "--loss",
+        "multi_similarity",
+        "--sampler",
+        "m_per_class",
+        "--m",
+        "4",
+    )
+    assert code == 0, err
+    run = tmp_path / "runs" / "ms"
+    config = json.loads((run / "config.json").read_text())["train_config"]
+    assert (config["loss"], config["sampler"], config["m_per_class"]) == (
+        "multi_similarity",
+        "m_per_class",
+        4,
+    )
+    assert ckpt.load(run / "checkpoint.pt")["proxies"] == {}  # a proxy-free loss
