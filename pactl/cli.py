@@ -193,6 +193,7 @@ def train(
     """
     from pactl.backbones import constructor_for
     from pactl.datasets import load_source
+    from pactl.model import check_model_config
     from pactl.train import fit, latest_run, prepare_run_dir, resumed_configs
 
     log = reporter(quiet)
@@ -246,8 +247,8 @@ def train(
     if not model_cfg.backbone.startswith("timm:"):
         constructor_for(model_cfg.backbone)  # an unknown name fails before any work
     manifest = load_source(source, log)
+    check_model_config(model_cfg)
     prepare_run_dir(run, resume=bool(resume), overwrite=overwrite)
-    log.log(f"training on {manifest.source} -> {run}")
     with on_interrupt(f"continue with: pactl train --resume {run}"):
         result = fit(source, manifest, model_cfg, cfg, run, log, resume=bool(resume))
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)

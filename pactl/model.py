@@ -33,10 +33,7 @@ class EmbeddingNet(nn.Module):
 
 def build_model(config: ModelConfig, seed: int = 0) -> tuple[EmbeddingNet, ModelConfig]:
     """The network for `config`, and the config with the backbone's preprocessing filled in."""
-    if config.embedding_dim <= 0:
-        raise PactlError(f"--dim must be positive (got {config.embedding_dim})")
-    if config.image_size <= 0 or config.resize_size < config.image_size:
-        raise PactlError("image size must be positive and no larger than the resize size")
+    check_model_config(config)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         backbone = build_backbone(config.backbone, config.weights)
@@ -47,6 +44,16 @@ def build_model(config: ModelConfig, seed: int = 0) -> tuple[EmbeddingNet, Model
         std=config.std if config.std is not None else backbone.std,
     )
     return model, resolved
+
+
+def check_model_config(config: ModelConfig) -> None:
+    if config.embedding_dim <= 0:
+        raise PactlError(f"--dim must be positive (got {config.embedding_dim})")
+    if config.image_size <= 0 or config.resize_size < config.image_size:
+        raise PactlError(
+            f"--image-size must be positive and at most --resize-size "
+            f"(got {config.image_size} and {config.resize_size})"
+        )
 
 
 def freeze_batchnorm(model: nn.Module) -> None:

@@ -157,9 +157,11 @@ def train_one_epoch(
     if t.cfg.freeze_bn:
         freeze_batchnorm(t.net.backbone)
     losses = []
+    failed: list[tuple[int, str]] = []
     with reporter.bar(f"epoch {epoch + 1}/{t.cfg.epochs}", total=len(loader)) as advance:
         for batch in loader:
-            if len(batch.indices) < 2:  # every image of the batch failed to decode
+            failed.extend(batch.failed)
+            if len(batch.indices) < 2:  # (nearly) every image of the batch failed to decode
                 advance()
                 continue
             images = batch.images.to(t.device, non_blocking=True)
@@ -172,6 +174,8 @@ def train_one_epoch(
             losses.append(value)
             advance()
     t.scheduler.step()
+    if failed:
+        reporter.log(f"epoch {epoch + 1}: skipped {len(failed)} unreadable images ({failed[0][1]})")
     return float(np.mean(losses)) if losses else float("nan")
 
 
@@ -239,6 +243,8 @@ def evaluate(
         done = embed_files(
             net, part.files(), model_cfg, device, reporter, workers=cfg.workers, amp=cfg.amp
         )
+        if done.failed:
+            reporter.log(f"evaluation skipped {len(done.failed)} unreadable {split} images")
         return done.vectors, part.labels[done.rows]
 
     if manifest.eval_splits() == ("query", "gallery"):
@@ -358,6 +364,7 @@ def fit(
             f"--batch-size {cfg.batch_size} is not divisible by {world.size} processes"
         )
     train, evaluation = check_splits(manifest, cfg)
+    reporter.log(f"training on {manifest.source} -> {run_dir}")
     classes_present = np.unique(train.labels)
     labels = np.searchsorted(classes_present, train.labels)  # 0..C-1 for the proxies
     classes = [str(c) for c in classes_present.tolist()]

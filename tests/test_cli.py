@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,10 @@ def test_every_verb_has_help_with_examples(
         (["embed", "IMGS", "--checkpoint", "OTHER.pt"], "not a pactl checkpoint", 1),
         (["query", "x.png", "--index", "NOBUNDLE"], "", 1),
         (["eval"], "no runs under", 1),
+        (["train", "IMGS", "--backbone", "small", "--dim", "0"], "--dim must be positive", 1),
+        (["train", "ONECLASS.csv", "--backbone", "small"], "needs at least 2 classes", 1),
+        (["embed", "IMGS", "--checkpoint", "TRUNC.pt"], "truncated or not a torch file", 1),
+        (["query", "x.png", "--index", "IMGS", "--k", "3"], "lacks meta.json", 1),
     ],
 )
 def test_bad_input_is_one_line_not_a_traceback(
@@ -67,6 +72,12 @@ def test_bad_input_is_one_line_not_a_traceback(
     (tmp_path / "NOTCKPT.pt").write_bytes(b"not a checkpoint at all")
     torch.save({"state_dict": {"w": torch.zeros(2)}}, tmp_path / "OTHER.pt")
     (tmp_path / "NOBUNDLE").mkdir()
+    rows = "".join(f"IMGS/class_0/{n}.png,0,train\n" for n in range(2))
+    rows += "".join(f"IMGS/class_{c}/0.png,{c},test\n" for c in (1, 2))
+    (tmp_path / "ONECLASS.csv").write_text("path,label,split\n" + rows)
+    whole = io.BytesIO()
+    torch.save({"format": "pactl.checkpoint", "model": {"w": torch.zeros(1000)}}, whole)
+    (tmp_path / "TRUNC.pt").write_bytes(whole.getvalue()[:1500])
     resolved = [str(tmp_path / a) if (tmp_path / a).exists() else a for a in args]
     code, out, err = run_cli(resolved, monkeypatch, capsys)
     assert code == exit_code, err

@@ -32,6 +32,13 @@ __all__ = [
 
 def load_source(source: str, reporter: Reporter) -> Manifest:
     """A manifest from a dataset name, a folder (with or without manifest.csv) or a CSV file."""
+    manifest = _load(source, reporter)
+    if manifest.duplicates:
+        reporter.log(f"{manifest.source}: dropped {manifest.duplicates} duplicate rows")
+    return manifest
+
+
+def _load(source: str, reporter: Reporter) -> Manifest:
     if source in CATALOG:
         if not is_prepared(source):
             if not CATALOG[source].offline:

@@ -27,6 +27,7 @@ class Manifest:
     splits: tuple[str, ...]
     class_names: tuple[str, ...]  # (N,) the class name of each row
     source: str = ""  # what the manifest was built from, for messages and config.json
+    duplicates: int = 0  # repeated rows that were dropped
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -110,7 +111,10 @@ def _build(root: Path, records: list[dict[str, str]], source: str) -> Manifest:
         splits = split_by_class(labels)
     elif any(not s for s in splits):
         raise PactlError(f"{source}: some rows have a split and others do not")
-    return Manifest(root, tuple(paths), labels, tuple(splits), tuple(raw_labels), source)
+    duplicates = len(records) - len(paths)
+    return Manifest(
+        root, tuple(paths), labels, tuple(splits), tuple(raw_labels), source, duplicates
+    )
 
 
 def _safe_relative(value: str, source: str, line: int) -> str:
