@@ -10,6 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# A small network on small images: a training epoch takes about a second on the CPU.
+TINY = [
+    "--backbone", "small", "--weights", "none", "--dim", "16", "--image-size", "16",
+    "--batch-size", "8", "--lr", "1e-3", "--warmup-epochs", "0", "--workers", "0",
+]  # fmt: skip
+
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

@@ -13,28 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_class_folder, read_csv, run_cli
+from conftest import TINY, make_class_folder, read_csv, run_cli
 
 from pactl import checkpoint as ckpt
-
-TINY = [
-    "--backbone",
-    "small",
-    "--weights",
-    "none",
-    "--dim",
-    "16",
-    "--image-size",
-    "16",
-    "--batch-size",
-    "8",
-    "--lr",
-    "1e-3",
-    "--warmup-epochs",
-    "0",
-    "--workers",
-    "0",
-]
 
 
 def pactl(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -8,25 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_class_folder, read_csv, run_cli
-
-TINY = [
-    "--backbone",
-    "small",
-    "--weights",
-    "none",
-    "--dim",
-    "16",
-    "--image-size",
-    "16",
-    "--batch-size",
-    "8",
-    "--lr",
-    "1e-3",
-    "--warmup-epochs",
-    "0",
-    "--quiet",
-]
+from conftest import TINY, make_class_folder, read_csv, run_cli
 
 
 @pytest.fixture
@@ -35,7 +17,7 @@ def trained(
 ) -> Path:
     make_class_folder(tmp_path / "imgs", classes=6, per_class=5)
     code, _, err = run_cli(
-        ["train", str(tmp_path / "imgs"), "--epochs", "2", "--name", "t", *TINY],
+        ["train", str(tmp_path / "imgs"), "--epochs", "2", "--name", "t", *TINY, "--quiet"],
         monkeypatch,
         capsys,
     )
@@ -119,7 +101,18 @@ def test_query_with_another_model_is_refused(
 ) -> None:
     assert run_cli(["index", "--quiet"], monkeypatch, capsys)[0] == 0
     code, _, err = run_cli(
-        ["train", str(tmp_path / "imgs"), "--epochs", "1", "--name", "other", "--seed", "5", *TINY],
+        [
+            "train",
+            str(tmp_path / "imgs"),
+            "--epochs",
+            "1",
+            "--name",
+            "other",
+            "--seed",
+            "5",
+            *TINY,
+            "--quiet",
+        ],
         monkeypatch,
         capsys,
     )

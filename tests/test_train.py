@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_class_folder, run_cli
+from conftest import TINY, make_class_folder, run_cli
 
 from pactl import checkpoint as ckpt
 
@@ -72,32 +72,8 @@ def untrained_digits_metrics() -> dict[str, float]:
 
 
 def tiny_train(tmp_path: Path, monkeypatch, capsys, *extra: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
-    return run_cli(
-        [
-            "train",
-            str(tmp_path / "imgs"),
-            "--backbone",
-            "small",
-            "--weights",
-            "none",
-            "--dim",
-            "16",
-            "--image-size",
-            "16",
-            "--batch-size",
-            "8",
-            "--lr",
-            "1e-3",
-            "--warmup-epochs",
-            "1",
-            "--workers",
-            "0",
-            "--quiet",
-            *extra,
-        ],
-        monkeypatch,
-        capsys,
-    )
+    args = ["train", str(tmp_path / "imgs"), *TINY, "--warmup-epochs", "1", "--quiet", *extra]
+    return run_cli(args, monkeypatch, capsys)
 
 
 def test_resume_gives_the_same_metrics_as_one_run(
