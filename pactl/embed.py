@@ -34,7 +34,10 @@ class Embedded:
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        # Under torchrun each process takes its own GPU.
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise PactlError(f"device {name!r} asked for, but no CUDA device is available")
     return torch.device(name)
