@@ -241,7 +241,7 @@ def plan(
         return Plan(ids, reuse)
     next_id = previous.next_id
     for i, (f, st) in enumerate(zip(files, stats, strict=True)):
-        known = previous.rows.get(str(f))
+        known = previous.rows.get(os.path.abspath(f))
         if known is None:
             ids[i], next_id = next_id, next_id + 1
             continue
@@ -304,7 +304,10 @@ def embed_to_folder(
         del fresh
     finally:
         fresh_path.unlink(missing_ok=True)
-    rows = [(int(job.ids[i]), str(files[i]), labels[i], *stats[i]) for i in keep.tolist()]
+    # Absolute paths: results and --exclude-self mean the same from any working directory.
+    rows = [
+        (int(job.ids[i]), os.path.abspath(files[i]), labels[i], *stats[i]) for i in keep.tolist()
+    ]
     write_items(out_dir / "items.csv", rows)
     skipped = [(str(todo_files[i]), reason) for i, reason in result.failed]
     write_skipped(out_dir / "skipped.csv", skipped)

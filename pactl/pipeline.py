@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,7 +139,9 @@ def add_to_index(
     bundle = load_bundle(bundle_dir, mmap=False)
     known = set(bundle.items.paths.tolist())
     files, labels = source_items(source, split, reporter)
-    new = [(f, lab) for f, lab in zip(files, labels, strict=True) if str(f) not in known]
+    new = [
+        (f, lab) for f, lab in zip(files, labels, strict=True) if os.path.abspath(f) not in known
+    ]
     if not new:
         reporter.log(f"every image of {source} is already in {bundle_dir}")
         return {"added": 0, "count": bundle.index.ntotal}
@@ -301,7 +304,6 @@ def query_chunks(
     know_labels: bool = False,
 ) -> Any:
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
-    import os
     from itertools import islice
 
     from pactl.embed import embed_files
@@ -330,8 +332,6 @@ def _item_label(bundle: Any, item_id: int) -> str | None:
 
 
 def _path_ids(bundle: Any) -> dict[str, int]:
-    import os
-
     return {
         os.path.abspath(p): int(i)
         for i, p in zip(bundle.items.ids.tolist(), bundle.items.paths.tolist(), strict=True)
