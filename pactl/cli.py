@@ -215,8 +215,9 @@ def train(
             image_size=image_size,
             resize_size=resize_size,
         )
-        if image_size and not resize_size:
-            model_cfg = override(model_cfg, resize_size=max(model_cfg.resize_size, image_size))
+        if image_size and not resize_size:  # keep the preset's resize-to-crop ratio (256/224)
+            ratio = chosen.model.resize_size / chosen.model.image_size
+            model_cfg = override(model_cfg, resize_size=round(image_size * ratio))
         cfg = override(
             chosen.train,
             epochs=epochs,

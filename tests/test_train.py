@@ -124,6 +124,11 @@ def test_print_config_shows_the_paper_preset(
     assert shown["model"]["backbone"] == "bn_inception"
     assert shown["train"]["lr"] == 1e-4 and shown["train"]["lr_decay_step"] == 20
     assert shown["train"]["proxy_lr_mult"] == 100.0
+    code, out, _ = run_cli(
+        ["train", "cars196", "--image-size", "256", "--print-config"], monkeypatch, capsys
+    )
+    resized = json.loads(out)["model"]
+    assert (resized["image_size"], resized["resize_size"]) == (256, round(256 * 256 / 224))
 
 
 def test_batch_larger_than_dataset_is_refused(
