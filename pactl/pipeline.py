@@ -362,9 +362,3 @@ def eval_checkpoint(
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
     return evaluate(model, evaluation, model_cfg, cfg, device, reporter, with_nmi=True)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    from pactl.fsutil import atomic_write_text
-
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
 import shutil
@@ -448,8 +447,3 @@ def resumed_configs(run_dir: Path) -> tuple[str, ModelConfig, TrainConfig]:
         from_dict(ModelConfig, info["model_config"]),
         from_dict(TrainConfig, info["train_config"]),
     )
-
-
-def describe(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
-    """The resolved settings, as `pactl train --print-config` shows them."""
-    return {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
