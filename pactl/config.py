@@ -50,7 +50,7 @@ class TrainConfig:
     workers: int = 4  # DataLoader worker processes
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "none"  # none | bf16 | fp16 autocast; the loss always runs in float32
-    channels_last: bool = False  # NHWC memory layout for convolutions
+    channels_last: bool = True  # NHWC memory layout for convolutions (much faster on CPUs too)
     compile: bool = False  # torch.compile the model
 
 

@@ -102,7 +102,7 @@ def embed_files(
     batch_size: int = 128,
     workers: int = 0,
     amp: str = "none",
-    channels_last: bool = False,
+    channels_last: bool = True,
     out: np.ndarray | None = None,
 ) -> Embedded:
     """Embed `files` in order; unreadable ones are skipped and listed, never fatal.
@@ -118,6 +118,8 @@ def embed_files(
     filled = 0
     was_training = model.training
     model.eval()
+    if channels_last:  # NHWC convolutions: several times faster, on CPUs as on GPUs
+        model.to(memory_format=torch.channels_last)
     with reporter.bar("embedding", total=len(files)) as advance:
         for batch in loader:
             failed.extend(batch.failed)

@@ -240,7 +240,14 @@ def evaluate(
     def vectors(split: str) -> tuple[np.ndarray, np.ndarray]:
         part = manifest.select(split)
         done = embed_files(
-            net, part.files(), model_cfg, device, reporter, workers=cfg.workers, amp=cfg.amp
+            net,
+            part.files(),
+            model_cfg,
+            device,
+            reporter,
+            workers=cfg.workers,
+            amp=cfg.amp,
+            channels_last=cfg.channels_last,
         )
         if done.failed:
             reporter.log(f"evaluation skipped {len(done.failed)} unreadable {split} images")

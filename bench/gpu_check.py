@@ -1,0 +1,254 @@
+"""One script that checks the GPU path end to end and measures it, for a lent GPU machine.
+
+    python bench/gpu_check.py                 # on the GPU (exits 2 without one)
+    python bench/gpu_check.py --device cpu --quick    # a smoke run of the same steps on the CPU
+
+Steps, each printed as a markdown table row on stdout (progress on stderr):
+1. a training step of resnet50 at 224 (random weights) in fp32, bf16 autocast, and bf16 +
+   channels_last: median ms per step, images/s, the loss of each (bf16 close to fp32);
+2. the Proxy-Anchor loss at SOP scale on the device vs the CPU: equal values, device time;
+3. DDP with nccl across the visible GPUs (2+ needed; with one GPU a world of one is started to
+   check the nccl path): the global-batch loss equals the single-process loss;
+4. embed throughput of pactl.embed.embed_files on synthetic photo-sized JPEGs, fp32 vs bf16;
+5. FAISS on those device-made vectors: pactl's default index against exact search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from pactl.config import IndexConfig, ModelConfig, TrainConfig  # noqa: E402
+from pactl.console import QUIET  # noqa: E402
+from pactl.distributed import World  # noqa: E402
+from pactl.losses import proxy_anchor_loss  # noqa: E402
+from pactl.train import build_trainer, train_step  # noqa: E402
+
+ROWS: list[str] = []
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def row(*cells: object) -> None:
+    ROWS.append("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    fn()  # warm-up (kernels, cudnn autotune)
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def train_steps(device: torch.device, backbone: str, size: int, batch: int, repeats: int) -> None:
+    model_cfg = ModelConfig(backbone=backbone, weights="none", image_size=size, resize_size=size)
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, size, size, generator=gen).to(device)
+    labels = torch.randint(0, 98, (batch,), generator=gen).to(device)
+    first: dict[str, float] = {}
+    for name, amp, cl in (
+        ("fp32", "none", False),
+        ("bf16", "bf16", False),
+        ("bf16+channels_last", "bf16", True),
+    ):
+        cfg = TrainConfig(device=str(device), amp=amp, channels_last=cl, workers=0)
+        t = build_trainer(model_cfg, cfg, 98, World())
+        first[name] = float(train_step(t, images, labels))
+        seconds = timed(lambda t=t: train_step(t, images, labels), device, repeats)
+        row(
+            f"train step {backbone}@{size} b{batch} {name}",
+            f"{seconds * 1e3:.1f} ms",
+            f"{batch / seconds:.0f} img/s",
+            f"first loss {first[name]:.4f}",
+        )
+    drift = abs(first["bf16"] - first["fp32"]) / abs(first["fp32"])
+    row(
+        "bf16 vs fp32 first-step loss",
+        f"{drift:.2e} relative",
+        "",
+        "ok" if drift < 2e-2 else "CHECK",
+    )
+
+
+def loss_device_vs_cpu(device: torch.device, quick: bool, repeats: int) -> None:
+    b, c, d = (32, 500, 64) if quick else (180, 11318, 512)
+    gen = torch.Generator().manual_seed(1)
+    x, p = torch.randn(b, d, generator=gen), torch.randn(c, d, generator=gen)
+    y = torch.randint(0, c, (b,), generator=gen)
+    on_cpu = float(proxy_anchor_loss(x, y, p))
+    xd, pd = x.to(device).requires_grad_(), p.to(device).requires_grad_()
+    on_device = float(proxy_anchor_loss(xd, y.to(device), pd))
+
+    def step() -> None:
+        proxy_anchor_loss(xd, y.to(device), pd).backward()
+
+    seconds = timed(step, device, repeats)
+    rel = abs(on_device - on_cpu) / abs(on_cpu)
+    row(
+        f"Proxy-Anchor fwd+bwd B{b} C{c} D{d}",
+        f"{seconds * 1e3:.2f} ms",
+        f"{rel:.1e} rel. to CPU",
+        "ok" if rel < 1e-4 else "CHECK",
+    )
+
+
+def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from pactl.distributed import gather_batch
+    from pactl.losses import ProxyAnchorLoss
+
+    dist.init_process_group("nccl", init_method=f"file://{init}", rank=rank, world_size=world)
+    torch.cuda.set_device(rank)
+    torch.manual_seed(0)
+    criterion = ProxyAnchorLoss(10, 32).cuda()
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(8 * world, 32, generator=gen).cuda()
+    y = torch.randint(0, 10, (8 * world,), generator=gen).cuda()
+    mine = slice(rank * 8, (rank + 1) * 8)
+    emb, labels = gather_batch(x[mine], y[mine], World(rank, world, rank))
+    loss = criterion(emb, labels)
+    if rank == 0:
+        torch.save({"loss": loss.detach().cpu(), "whole": criterion(x, y).detach().cpu()}, out)
+    dist.destroy_process_group()
+
+
+def ddp_nccl(device: torch.device) -> None:
+    if device.type != "cuda":
+        row("DDP nccl", "skipped (no CUDA)", "", "")
+        return
+    import torch.multiprocessing as mp
+
+    world = max(1, min(torch.cuda.device_count(), 8))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "r0.pt")
+        start = time.perf_counter()
+        mp.start_processes(
+            _ddp_worker,
+            args=(world, str(Path(tmp) / "init"), out),
+            nprocs=world,
+            start_method="spawn",
+        )
+        got = torch.load(out, weights_only=True)
+    same = torch.allclose(got["loss"], got["whole"], rtol=1e-5)
+    row(
+        f"DDP nccl, {world} process(es)",
+        f"{time.perf_counter() - start:.1f} s incl. start",
+        f"loss {float(got['loss']):.5f} vs {float(got['whole']):.5f}",
+        "ok" if same else "CHECK",
+    )
+
+
+def embed_and_index(device: torch.device, quick: bool, workers: int) -> None:
+    from PIL import Image
+
+    from pactl import metrics
+    from pactl.embed import embed_files
+    from pactl.index import build_index
+    from pactl.model import build_model
+
+    n, side = (64, 256) if quick else (2048, 1024)
+    backbone = "small" if quick else "resnet50"
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i in range(n):
+            base = rng.integers(0, 255, size=(8, 8, 3), dtype=np.uint8)
+            img = Image.fromarray(base).resize((side, side * 3 // 4), Image.BILINEAR)
+            path = Path(tmp) / f"{i:05d}.jpg"
+            img.save(path, quality=90)
+            files.append(path)
+        net, cfg = build_model(ModelConfig(backbone=backbone, weights="none"))
+        net.to(device)
+        vectors = {}
+        for amp in ("none", "bf16"):
+            start = time.perf_counter()
+            done = embed_files(
+                net, files, cfg, device, QUIET, batch_size=128, workers=workers, amp=amp
+            )
+            seconds = time.perf_counter() - start
+            vectors[amp] = done.vectors
+            row(
+                f"embed {n} JPEGs {side}x{side * 3 // 4} {backbone} amp={amp}",
+                f"{n / seconds:.0f} img/s",
+                f"{workers} workers",
+                "",
+            )
+        cos = float(np.mean(np.sum(vectors["none"] * vectors["bf16"], axis=1)))
+        row(
+            "bf16 vs fp32 embeddings", f"mean cosine {cos:.4f}", "", "ok" if cos > 0.99 else "CHECK"
+        )
+        index, tuning = build_index(vectors["none"], IndexConfig(), QUIET)
+        _, ids = index.search(vectors["none"][:64], 10)
+        _, exact = metrics.knn(vectors["none"][:64], vectors["none"], 10)
+        agree = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact, strict=True)])
+        row(
+            f"FAISS {tuning.get('factory')} on device-made vectors",
+            f"Recall@10 {agree:.3f}",
+            "vs exact",
+            "ok" if agree >= 0.95 else "CHECK",
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    args = parser.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        log("no CUDA device visible; use --device cpu for a smoke run")
+        return 2
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    log(f"device: {name}, torch {torch.__version__}")
+    steps = [
+        lambda: train_steps(
+            device,
+            "small" if args.quick else "resnet50",
+            32 if args.quick else 224,
+            8 if args.quick else 128,
+            args.repeats,
+        ),
+        lambda: loss_device_vs_cpu(device, args.quick, args.repeats),
+        lambda: ddp_nccl(device),
+        lambda: embed_and_index(device, args.quick, args.workers),
+    ]
+    for step in steps:
+        try:
+            step()
+        except Exception as e:  # one failing check must not hide the others' figures
+            row(getattr(step, "__name__", "step"), "FAILED", type(e).__name__, str(e)[:80])
+    print(f"GPU check on {name}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}\n")
+    print("| check | figure | detail | verdict |")
+    print("| --- | --- | --- | --- |")
+    print("\n".join(ROWS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
