@@ -99,7 +99,7 @@ def loss_device_vs_cpu(device: torch.device, quick: bool, repeats: int) -> None:
     y = torch.randint(0, c, (b,), generator=gen)
     on_cpu = float(proxy_anchor_loss(x, y, p))
     xd, pd = x.to(device).requires_grad_(), p.to(device).requires_grad_()
-    on_device = float(proxy_anchor_loss(xd, y.to(device), pd))
+    on_device = float(proxy_anchor_loss(xd, y.to(device), pd).detach())
 
     def step() -> None:
         proxy_anchor_loss(xd, y.to(device), pd).backward()
