@@ -39,9 +39,14 @@ demo: $(STAMP)
 	$(PACTL) query $(DEMO_HOME)/datasets/digits/7/0007.png --k 4 --exclude-self --format table
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/bench_help.py
 	$(BIN)/python bench/bench_loss.py
+	$(BIN)/python bench/bench_train_step.py
 	$(BIN)/python bench/bench_eval.py
-	$(BIN)/python bench/bench_index.py
+	$(BIN)/python -m bench.bench_index
+	$(BIN)/python bench/bench_embed.py
+	$(BIN)/python -m bench.bench_query_load
 
 clean:
 	rm -rf runs .pactl .pytest_cache .mypy_cache .ruff_cache
