@@ -19,7 +19,7 @@ compared by cosine, raw and centred on the baseline's mean vector: random weight
 picture near one direction, and the centred figure is the one that tells files apart.
 
     python bench/bench_embed.py                    # 1,000 images, 2 workers, one round
-    python bench/bench_embed.py --images 200 --rounds 3 --extra cl --breakdown
+    python bench/bench_embed.py --images 200 --rounds 3 --extra bf16 --extra nchw --breakdown
     python bench/bench_embed.py --quick            # 48 images, resnet18
 
 --extra adds pactl variants (repeatable): bf16 (the CLI with --amp bf16) and nchw
