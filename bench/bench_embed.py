@@ -22,10 +22,11 @@ picture near one direction, and the centred figure is the one that tells files a
     python bench/bench_embed.py --images 200 --rounds 3 --extra bf16 --extra nchw --breakdown
     python bench/bench_embed.py --quick            # 48 images, resnet18
 
---extra adds pactl variants (repeatable): bf16 (the CLI with --amp bf16) and nchw
-(pactl.embed.embed_files with channels_last=False, fp32: the CLI embeds in channels_last, and
-this side shows what that layout is worth). --breakdown times the loaders alone and the model
-alone, in this process, to show where the time goes.
+--extra adds pactl variants (repeatable): bf16 (the CLI with --amp bf16); eager
+(pactl.embed.embed_files, fp32, channels_last, prepare=False: the network as it is, not traced
+and frozen, which shows what freezing is worth); nchw (the same with channels_last=False too:
+pactl's loader and loop with neither network change). --breakdown times the loaders alone and
+the model alone, in this process, to show where the time goes.
 
 Results (the markdown tables) go to stdout, progress to stderr.
 """
@@ -56,7 +57,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 TARGET = 1.5  # baseline / pactl at least
 WIDTH, HEIGHT, QUALITY, CLASSES = 1024, 768, 90, 5
 BASELINE_BATCH = 64
-EXTRAS = ("bf16", "nchw")
+EXTRAS = ("bf16", "eager", "nchw")
 
 
 def log(message: str) -> None:
@@ -224,7 +225,7 @@ def run_baseline(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_pactl_library(args: argparse.Namespace) -> dict[str, Any]:
-    """pactl.embed.embed_files in fp32 with channels_last=False (NCHW convolutions)."""
+    """pactl.embed.embed_files in fp32, the network not frozen; NCHW for the nchw side."""
     import torch
 
     from pactl.checkpoint import load_model
@@ -238,7 +239,14 @@ def run_pactl_library(args: argparse.Namespace) -> dict[str, Any]:
     ready = time.perf_counter()
     device = torch.device("cpu")
     done = embed_files(
-        model, files, config, device, QUIET, workers=args.workers, channels_last=False
+        model,
+        files,
+        config,
+        device,
+        QUIET,
+        workers=args.workers,
+        channels_last=args.side == "pactl-eager",
+        prepare=False,
     )
     looped = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -352,7 +360,8 @@ LABELS = {
     "baseline": "torchvision ImageFolder + DataLoader, fp32",
     "pactl": "`pactl embed` (CLI), fp32, channels_last",
     "pactl-bf16": "`pactl embed --amp bf16` (CLI), channels_last",
-    "pactl-nchw": "pactl embed_files, fp32, channels_last=False",
+    "pactl-eager": "pactl embed_files, fp32, channels_last, not frozen",
+    "pactl-nchw": "pactl embed_files, fp32, NCHW, not frozen",
 }
 
 
@@ -425,7 +434,7 @@ def breakdown(folder: Path, checkpoint: Path, args: argparse.Namespace) -> list[
 
     from pactl.checkpoint import load_model
     from pactl.console import QUIET
-    from pactl.embed import autocast, loader_for
+    from pactl.embed import autocast, inference_model, loader_for
     from pactl.pipeline import source_items
 
     # Loader workers run one torch thread each; in this process too, lest tiny ops contend.
@@ -450,6 +459,11 @@ def breakdown(folder: Path, checkpoint: Path, args: argparse.Namespace) -> list[
     variants = {
         "fp32": (model, images, "none"),
         "fp32 + channels_last": (_cl_copy(model), channels_last, "none"),
+        "fp32 + channels_last, frozen": (
+            inference_model(_cl_copy(model), config, torch.device("cpu")),
+            channels_last,
+            "none",
+        ),
         "bf16": (model, images, "bf16"),
         "bf16 + channels_last": (_cl_copy(model), channels_last, "bf16"),
     }
@@ -516,7 +530,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     default_work = Path(tempfile.gettempdir()) / "pactl-bench-embed"
     parser.add_argument("--work", type=Path, default=default_work, help="image cache folder")
     parser.add_argument("--seed", type=int, default=0)
-    sides = ["baseline", "pactl-nchw"]
+    sides = ["baseline", "pactl-eager", "pactl-nchw"]
     parser.add_argument("--side", choices=sides, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)

@@ -306,19 +306,21 @@ def query_chunks(
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
     from itertools import islice
 
-    from pactl.embed import embed_files
-    from pactl.search import hits, search
+    from pactl.embed import PREPARE_MIN_IMAGES, embed_files, inference_model
+    from pactl.search import PathIndex, hits, search
 
     bundle, model, model_cfg, device = open_query_model(bundle_dir, checkpoint, device_name)
     if k > bundle.index.ntotal:
         reporter.log(f"--k {k} is more than the {bundle.index.ntotal} items indexed; showing all")
-    # path -> id of the indexed items, built only when a query must be found among them
-    position = _path_ids(bundle) if exclude_self or know_labels else {}
+    # Queries are found among the indexed items only when that is asked for.
+    lookup = PathIndex(bundle.items) if exclude_self or know_labels else None
     it = iter(images)
     while batch := list(islice(it, chunk)):
+        if len(batch) >= PREPARE_MIN_IMAGES:  # many queries: prepare the network, once
+            model = inference_model(model, model_cfg, device)
         done = embed_files(model, batch, model_cfg, device, reporter, batch_size=batch_size)
         names = [str(batch[i]) for i in done.rows]
-        own = np.array([position.get(os.path.abspath(n), -1) for n in names], dtype=np.int64)
+        own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
         scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
         failed = [(str(batch[i]), reason) for i, reason in done.failed]
         labels = [_item_label(bundle, int(i)) for i in own]
@@ -329,13 +331,6 @@ def _item_label(bundle: Any, item_id: int) -> str | None:
     if item_id < 0:
         return None
     return str(bundle.items.labels[bundle.items.positions(np.array([item_id]))[0]])
-
-
-def _path_ids(bundle: Any) -> dict[str, int]:
-    return {
-        os.path.abspath(p): int(i)
-        for i, p in zip(bundle.items.ids.tolist(), bundle.items.paths.tolist(), strict=True)
-    }
 
 
 def eval_checkpoint(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -10,7 +12,7 @@ import numpy as np
 from pactl.errors import PactlError
 
 if TYPE_CHECKING:
-    from pactl.index import Bundle
+    from pactl.index import Bundle, ItemTable
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,43 @@ class Hit:
     path: str
     label: str  # "" when the item has no label
     score: float  # cosine similarity (inner product of unit vectors)
+
+
+def path_key(path: str) -> str:
+    """An item's path as compared: `pactl embed` records them absolute and normalised; a
+    relative one (from a hand-made items.csv) is taken from here."""
+    return path if os.path.isabs(path) else os.path.abspath(path)
+
+
+class PathIndex:
+    """Item ids by path, for finding queries among the indexed items (--exclude-self, labels).
+
+    Holds the paths' hashes, sorted (16 bytes an item), not a dict of millions of strings; a
+    lookup bisects the hashes and confirms the path itself, so a hash collision costs a
+    comparison, never a wrong id.
+    """
+
+    def __init__(self, items: ItemTable) -> None:
+        self._items = items
+        hashes = np.fromiter(
+            (hash(path_key(p)) for p in items.paths), dtype=np.int64, count=len(items)
+        )
+        self._order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[self._order]
+
+    def ids(self, paths: Sequence[str]) -> np.ndarray:
+        """The id of the item at each path (absolute or relative to here), -1 where none."""
+        keys = [os.path.abspath(p) for p in paths]
+        wanted = np.fromiter((hash(k) for k in keys), dtype=np.int64, count=len(keys))
+        first = np.searchsorted(self._hashes, wanted, side="left")
+        last = np.searchsorted(self._hashes, wanted, side="right")
+        out = np.full(len(keys), -1, dtype=np.int64)
+        for i, (key, lo, hi) in enumerate(zip(keys, first.tolist(), last.tolist(), strict=True)):
+            for position in self._order[lo:hi].tolist():
+                if path_key(self._items.paths[position]) == key:
+                    out[i] = self._items.ids[position]
+                    break
+        return out
 
 
 def capped_k(k: int, ntotal: int, excluding: bool) -> int:
