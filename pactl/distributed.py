@@ -45,16 +45,34 @@ def gather_batch(
     """Every process's embeddings (with gradients) and labels, so the loss sees the global batch.
 
     Each rank computes the loss on the same global batch; DDP averages gradients across ranks,
-    so the result equals one process holding the whole batch.
+    so the result equals one process holding the whole batch. Shares may differ in size (an
+    image that failed to decode leaves its rank a row short): they are padded to the largest
+    for the all-gather and the padding dropped after it.
     """
     if not world.enabled:
         return embeddings, labels
     from torch.distributed.nn.functional import all_gather
 
-    gathered = torch.cat(all_gather(embeddings), dim=0)  # (world * B, D), differentiable
+    counts = share_sizes(len(embeddings), world, embeddings.device)
+    pad = max(counts) - len(embeddings)
+    if pad:
+        embeddings = torch.cat([embeddings, embeddings.new_zeros(pad, embeddings.shape[1])])
+        labels = torch.cat([labels, labels.new_full((pad,), -1)])
+    parts = all_gather(embeddings)  # world x (max B, D), differentiable
     label_list = [torch.empty_like(labels) for _ in range(world.size)]
     dist.all_gather(label_list, labels)
-    return gathered, torch.cat(label_list, dim=0)
+    gathered = torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)])
+    return gathered, torch.cat([part[:n] for part, n in zip(label_list, counts, strict=True)])
+
+
+def share_sizes(rows: int, world: World, device: torch.device) -> list[int]:
+    """How many rows each rank holds this step (all ranks call it together)."""
+    if not world.enabled:
+        return [rows]
+    mine = torch.tensor([rows], dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world.size)]
+    dist.all_gather(every, mine)
+    return [int(n) for n in every]
 
 
 def barrier(world: World) -> None:

@@ -21,7 +21,7 @@ from pactl import checkpoint as ckpt
 from pactl.config import ModelConfig, TrainConfig, to_dict
 from pactl.console import Reporter
 from pactl.datasets import Manifest
-from pactl.distributed import World, barrier, gather_batch, init_world
+from pactl.distributed import World, barrier, gather_batch, init_world, share_sizes
 from pactl.embed import autocast, embed_files, loader_for, resolve_device
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text
@@ -160,7 +160,8 @@ def train_one_epoch(
     with reporter.bar(f"epoch {epoch + 1}/{t.cfg.epochs}", total=len(loader)) as advance:
         for batch in loader:
             failed.extend(batch.failed)
-            if len(batch.indices) < 2:  # (nearly) every image of the batch failed to decode
+            # (Nearly) every image failed to decode: the step is skipped, on every rank at once.
+            if min(share_sizes(len(batch.indices), t.world, t.device)) < 2:
                 advance()
                 continue
             images = batch.images.to(t.device, non_blocking=True)

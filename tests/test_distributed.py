@@ -1,10 +1,12 @@
-"""Two CPU processes (gloo) see the global batch: loss and gradients equal one process's."""
+"""Two CPU processes (gloo) see the global batch: loss and gradients equal one process's,
+with equal shares and with one rank a row short (an image that failed to decode)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -32,15 +34,15 @@ def parts() -> tuple[nn.Module, ProxyAnchorLoss]:
     return net, ProxyAnchorLoss(5, 8)
 
 
-def worker(rank: int, world_size: int, init_file: str, out: str) -> None:
+def worker(rank: int, world_size: int, init_file: str, out: str, cut: int) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
     )
     net, criterion = parts()
     model = nn.parallel.DistributedDataParallel(net)
     images, labels = batch()
-    share = len(labels) // world_size
-    mine = slice(rank * share, (rank + 1) * share)
+    bounds = [0, cut, len(labels)]  # two ranks: rows [0, cut) and [cut, 12)
+    mine = slice(bounds[rank], bounds[rank + 1])
     embeddings, all_labels = gather_batch(
         model(images[mine]), labels[mine], World(rank, world_size, 0)
     )
@@ -60,11 +62,12 @@ def worker(rank: int, world_size: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_two_processes_equal_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut", [6, 7], ids=["equal shares", "one row short"])
+def test_two_processes_equal_one(tmp_path: Path, cut: int) -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     out = tmp_path / "rank0.pt"
     mp.start_processes(
-        worker, args=(2, str(tmp_path / "init"), str(out)), nprocs=2, start_method="spawn"
+        worker, args=(2, str(tmp_path / "init"), str(out), cut), nprocs=2, start_method="spawn"
     )
     got = torch.load(out, weights_only=True)
 
