@@ -234,8 +234,13 @@ def evaluate(
     device: torch.device,
     reporter: Reporter,
     with_nmi: bool = True,
+    prepare: bool | None = None,
 ) -> dict[str, float]:
-    """Recall@K, MAP@R, R-precision (and NMI) on the test split, or query vs gallery."""
+    """Recall@K, MAP@R, R-precision (and NMI) on the test split, or query vs gallery.
+
+    `prepare` as in embed_files; training passes False: a network that changes every epoch
+    would be traced and frozen anew each time, which small networks do not pay back.
+    """
     from pactl import metrics
 
     def vectors(split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -249,6 +254,7 @@ def evaluate(
             workers=cfg.workers,
             amp=cfg.amp,
             channels_last=cfg.channels_last,
+            prepare=prepare,
         )
         if done.failed:
             reporter.log(f"evaluation skipped {len(done.failed)} unreadable {split} images")
@@ -394,7 +400,8 @@ def fit(
         last = epoch + 1 == cfg.epochs
         if world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):
             nmi = last or len(np.unique(evaluation.labels)) <= 1000
-            row.update(evaluate(t.net, evaluation, t.model_cfg, cfg, t.device, reporter, nmi))
+            scores = evaluate(t.net, evaluation, t.model_cfg, cfg, t.device, reporter, nmi, False)
+            row.update(scores)
         row["seconds"] = time.perf_counter() - began
         if world.is_main:
             state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
