@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py
 	$(BIN)/python bench/bench_eval.py
 	$(BIN)/python -m bench.bench_index
+	$(BIN)/python bench/bench_ondisk.py
 	$(BIN)/python bench/bench_embed.py
 	$(BIN)/python -m bench.bench_query_load
 

@@ -60,6 +60,12 @@ class Format(str, Enum):
     jsonl = "jsonl"
 
 
+class OnDisk(str, Enum):
+    auto = "auto"
+    yes = "yes"
+    no = "no"
+
+
 def reporter(quiet: bool) -> Reporter:
     return Reporter(err, quiet=quiet)
 
@@ -359,12 +365,23 @@ def index(
             exists=True, file_okay=False, help="Append SOURCE's new images to this bundle."
         ),
     ] = None,
+    on_disk: Annotated[
+        OnDisk,
+        typer.Option(
+            "--on-disk",
+            help="Index shards one at a time and merge their IVF lists into index.ivfdata, "
+            "read from disk at query time (for sets larger than memory). auto: when the shards' "
+            "vectors exceed the memory budget and the factory is IVF.",
+        ),
+    ] = OnDisk.auto,
     device: Device = "auto",
     quiet: Quiet = False,
 ) -> None:
     """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
 
     An embed folder with shards/ (from `pactl embed --shard i/n`) is merged in shard order.
+
+    With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
 
     [bold]Examples[/bold]
 
@@ -374,12 +391,14 @@ def index(
 
       pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
 
+      pactl index vectors/ --on-disk yes --factory IVF4096,Flat   # lists on disk
+
       pactl index new_photos/ --add runs/<run>/index      # no rebuild
     """
     from pactl import pipeline
 
     log = reporter(quiet)
-    config = IndexConfig(factory=factory, target_recall=target_recall)
+    config = IndexConfig(factory=factory, target_recall=target_recall, on_disk=on_disk.value)
     if add is not None:
         if source is None:
             raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")

@@ -59,6 +59,7 @@ class IndexConfig:
     factory: str | None = None  # a FAISS factory string; None chooses by collection size
     target_recall: float = 0.95  # Recall@10 against exact search the tuned index must reach
     memory_budget_gb: float = 8.0  # the default index must fit in this much memory
+    on_disk: str = "auto"  # auto | yes | no: shards' IVF lists merged on disk (auto: over budget)
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,24 @@ A bundle is a folder of three files: `index.faiss` (FAISS ids are the item ids),
 (`id,path,label`) and `meta.json` (format, version, model fingerprint, factory string, the tuned
 search parameters and the Recall@10 they reached). Cosine similarity is the inner product of
 L2-normalised vectors, so every index here uses METRIC_INNER_PRODUCT.
+
+An IVF index over more vectors than memory holds is built shard by shard (build_ondisk_index):
+its inverted lists go to a fourth file, `index.ivfdata`, which searches read through the page
+cache.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import ctypes
 import json
 import math
+import os
 import shutil
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +40,11 @@ BUNDLE_FORMAT = "pactl.bundle"
 BUNDLE_VERSION = 1
 VECTORS_FORMAT = "pactl.vectors"
 INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
+IVFDATA_FILE = "index.ivfdata"  # the inverted lists of an on-disk bundle
+PENDING_IVFDATA = ".index.ivfdata.pending"  # merged lists not yet moved in by save_bundle
+MERGE_DIR = ".merge"  # per-shard indexes while build_ondisk_index runs
 ITEMS_HEADER = ("id", "path", "label")
+ON_DISK_CHOICES = ("auto", "yes", "no")
 
 FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
 TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: FAISS asks for >= 39; more costs minutes
@@ -42,6 +54,8 @@ RECALL_K = 10  # the tuned figure is Recall@10 against exact search
 PLATEAU = 0.002  # recall gained by doubling a search knob below which more effort is pointless
 ADD_BATCH = 65_536  # vectors per add() call: bounded memory when `vectors` is memory-mapped
 NORM_TOLERANCE = 1e-2  # |norm - 1| allowed before vectors are taken as not L2-normalised
+
+Part = tuple[np.ndarray, np.ndarray]  # one shard: (n_i, d) float32 vectors (memory-mapped), ids
 
 
 class ItemTable:
@@ -121,10 +135,15 @@ class ItemTable:
         return int(self.ids.max()) if len(self.ids) else -1
 
     def concat(self, other: ItemTable) -> ItemTable:
-        return ItemTable(
-            np.concatenate([self.ids, other.ids]),
-            np.concatenate([self.paths, other.paths]),
-            np.concatenate([self.labels, other.labels]),
+        return ItemTable.join([self, other])
+
+    @classmethod
+    def join(cls, tables: Sequence[ItemTable]) -> ItemTable:
+        """The rows of `tables` in order, copied once (not once per table, as chained concat)."""
+        return cls(
+            np.concatenate([t.ids for t in tables]),
+            np.concatenate([t.paths for t in tables]),
+            np.concatenate([t.labels for t in tables]),
         )
 
 
@@ -159,7 +178,7 @@ class Bundle:
     index: Any  # faiss.Index, search parameters already set from meta.json
     items: ItemTable
     meta: dict[str, Any]
-    mmapped: bool = False  # the index reads its codes from index.faiss through the page cache
+    mmapped: bool = False  # the index reads its codes from index.faiss (or .ivfdata) in place
 
 
 # ---------------------------------------------------------------------------- factory choice
@@ -223,9 +242,9 @@ def build_index(
     started = time.perf_counter()
     index = new_index(factory, dim)
     rng = np.random.default_rng(seed)
-    trained_on = _train(index, x, rng, seed, reporter, factory)
+    trained_on = _train(index, [(x, item_ids)], rng, seed, reporter, factory)
     add_vectors(index, x, item_ids, reporter)
-    tuning = tune(index, x, item_ids, config.target_recall, rng, reporter)
+    tuning = tune(index, [(x, item_ids)], config.target_recall, rng, reporter)
     seconds = time.perf_counter() - started
     reporter.log(f"built {factory} over {n:,} vectors in {seconds:.1f} s")
     record = {"factory": factory, **tuning, "ntotal": int(index.ntotal)}
@@ -248,29 +267,53 @@ def new_index(factory: str, dim: int) -> Any:
 
 
 def _train(
-    index: Any, x: np.ndarray, rng: np.random.Generator, seed: int, reporter: Reporter, name: str
+    index: Any,
+    parts: Sequence[Part],
+    rng: np.random.Generator,
+    seed: int,
+    reporter: Reporter,
+    name: str,
 ) -> int:
-    """Train on a seeded sample of the rows; returns its size (0 when nothing needs training)."""
+    """Train on a seeded sample of the rows of all parts; returns its size (0 when nothing needs
+    training)."""
     if index.is_trained:
         return 0
     ivf = faiss.try_extract_index_ivf(index)
     cap = TRAIN_POINTS_PER_LIST * ivf.nlist if ivf is not None else TRAIN_POINTS_OTHER
-    m = min(len(x), cap)
-    # Sorted rows read a memory-mapped array front to back.
-    rows = np.sort(rng.choice(len(x), size=m, replace=False))
-    sample = np.ascontiguousarray(x[rows], dtype=np.float32)
+    n = _count(parts)
+    m = min(n, cap)
+    # Sorted rows read each memory-mapped part front to back.
+    rows = np.sort(rng.choice(n, size=m, replace=False))
+    sample, _ = _read_rows(parts, rows)
     _check_unit_rows(sample, rows)
     if ivf is not None:
         ivf.cp.seed = seed
         inner = faiss.downcast_index(ivf)
         if hasattr(inner, "pq"):
             inner.pq.cp.seed = seed
-    reporter.log(f"training {name} on {m:,} of {len(x):,} vectors")
+    reporter.log(f"training {name} on {m:,} of {n:,} vectors")
     try:
         index.train(sample)
     except RuntimeError as e:
         raise PactlError(f"training {name} failed: {_why(e)}") from e
     return m
+
+
+def _count(parts: Sequence[Part]) -> int:
+    return sum(len(vectors) for vectors, _ in parts)
+
+
+def _read_rows(parts: Sequence[Part], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vectors (float32, in memory) and ids at sorted `rows`, numbered across the parts in
+    order. Each part gives its own rows, so the parts themselves are never joined."""
+    vectors, ids, start = [], [], 0
+    for part, part_ids in parts:
+        low, high = np.searchsorted(rows, [start, start + len(part)])
+        local = rows[low:high] - start
+        vectors.append(np.ascontiguousarray(part[local], dtype=np.float32))
+        ids.append(np.asarray(part_ids, dtype=np.int64)[local])
+        start += len(part)
+    return np.concatenate(vectors), np.concatenate(ids)
 
 
 def add_vectors(index: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter) -> None:
@@ -324,27 +367,26 @@ def _knob(index: Any, k: int) -> _Knob | None:
 
 def tune(
     index: Any,
-    vectors: np.ndarray,
-    ids: np.ndarray,
+    parts: Sequence[Part],
     target: float,
     rng: np.random.Generator,
     reporter: Reporter,
 ) -> dict[str, Any]:
     """Find the cheapest search setting reaching Recall@10 >= target and leave it set.
 
-    Queries are a seeded sample of the indexed vectors; each query's own id is removed from both
-    the exact and the approximate neighbours (as `pactl query` does), so the figure is the recall
-    of the other items, the ones a query actually wants.
+    `parts` are the indexed (vectors, ids), one part or one per shard. Queries are a seeded
+    sample of the indexed vectors; each query's own id is removed from both the exact and the
+    approximate neighbours (as `pactl query` does), so the figure is the recall of the other
+    items, the ones a query actually wants.
     """
-    n = len(vectors)
+    n = _count(parts)
     k = min(RECALL_K, n - 1)
     record: dict[str, Any] = {"search_params": "", "recall_at_10": None, "target_recall": target}
     if k < 1:
         return {**record, "target_reached": False, "tuning_queries": 0}
     rows = np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
-    queries = np.ascontiguousarray(vectors[rows], dtype=np.float32)
-    own = ids[rows]
-    truth = exact_neighbours(vectors, ids, queries, own, k)
+    queries, own = _read_rows(parts, rows)
+    truth = exact_neighbours(parts, queries, own, k)
     space: Any = faiss.ParameterSpace()  # (its stub types the params string as int)
 
     def measure(params: str) -> float:
@@ -398,12 +440,22 @@ def _smallest_setting(
 
 
 def exact_neighbours(
-    vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, own: np.ndarray, k: int
+    parts: Sequence[Part], queries: np.ndarray, own: np.ndarray, k: int
 ) -> np.ndarray:
-    """Ids of the k largest inner products of each query, its own id `own[i]` excluded."""
-    fetch = min(k + 1, len(vectors))
-    scores, rows = faiss.knn(queries, vectors, fetch, metric=faiss.METRIC_INNER_PRODUCT)
-    return exclude_by_id(scores, ids[rows], own, k)[1]
+    """Ids of the k largest inner products of each query over all parts, its own id `own[i]`
+    excluded. Each part is searched on its own and the per-part top k+1 merged by score, so only
+    one part is read at a time and the result equals a search of the parts joined."""
+    scores, ids = [], []
+    for vectors, part_ids in parts:
+        if len(vectors):
+            fetch = min(k + 1, len(vectors))
+            s, rows = faiss.knn(queries, vectors, fetch, metric=faiss.METRIC_INNER_PRODUCT)
+            scores.append(s)
+            ids.append(np.asarray(part_ids, dtype=np.int64)[rows])
+    all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
+    best = np.argsort(-all_scores, axis=1, kind="stable")[:, : k + 1]  # (nq, <= k+1)
+    merged = np.take_along_axis(all_scores, best, axis=1), np.take_along_axis(all_ids, best, axis=1)
+    return exclude_by_id(*merged, own, k)[1]
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
@@ -428,6 +480,184 @@ def _why(error: Exception) -> str:
     return text.rsplit("Error: ", 1)[-1][:200]
 
 
+# ---------------------------------------------------------------------------- on-disk merging
+
+
+def wants_on_disk(config: IndexConfig, n: int, dim: int, sharded: bool) -> bool:
+    """Whether to build with build_ondisk_index: asked for (on_disk "yes"), or ("auto") a sharded
+    set whose float32 vectors exceed the memory budget, indexed by an IVF factory."""
+    if config.on_disk not in ON_DISK_CHOICES:
+        raise PactlError(f"on_disk is one of {', '.join(ON_DISK_CHOICES)}, not {config.on_disk!r}")
+    if config.on_disk != "auto":
+        return config.on_disk == "yes"
+    if not sharded or n * dim * 4 <= config.memory_budget_gb * 2**30:
+        return False
+    factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
+    return _mergeable(new_index(factory, dim))
+
+
+def build_ondisk_index(
+    parts: Sequence[Part],
+    config: IndexConfig,
+    reporter: Reporter,
+    bundle_dir: Path,
+    seed: int = 0,
+) -> tuple[Any, dict[str, Any]]:
+    """Train, fill and tune an IVF index over shards without holding all their vectors at once.
+
+    `parts` are (vectors, ids) per shard in shard order, the vectors typically memory-mapped.
+    Training takes a sample across the shards; each shard then fills a copy of the trained empty
+    index, which is written to `bundle_dir/.merge/` and freed, so memory holds one shard's lists
+    at a time; the lists of all shards are merged into one file of on-disk inverted lists (in
+    `bundle_dir`, moved to index.ivfdata by save_bundle). Tuning finds the exact neighbours shard
+    by shard too. Returns the index and build_index's record, with on_disk and shards added.
+    Disk: the shards' indexes and the merged file side by side, about twice the lists' size.
+    """
+    if bundle_dir.exists() and not bundle_dir.is_dir():
+        raise PactlError(f"{bundle_dir} exists and is not a folder")
+    n, dim = _check_parts(parts)
+    factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
+    started = time.perf_counter()
+    index = new_index(factory, dim)
+    if not _mergeable(index):
+        raise PactlError(
+            f"on-disk merging needs an IVF factory (e.g. IVF4096,Flat or IVF4096_HNSW32,PQ64), "
+            f"not {factory!r}: pick one, or build in memory (--on-disk no)"
+        )
+    rng = np.random.default_rng(seed)
+    trained_on = _train(index, parts, rng, seed, reporter, factory)
+    scratch = bundle_dir / MERGE_DIR
+    if scratch.exists():  # left by an interrupted build
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    try:
+        files = [
+            _fill_shard(index, p, scratch / f"{i:05d}.faiss", reporter) for i, p in enumerate(parts)
+        ]
+        reporter.log(f"merging the inverted lists of {len(files)} shards into {IVFDATA_FILE}")
+        # IO_FLAG_MMAP: the shards' lists are read from their files as the merge needs them
+        shards = [faiss.read_index(str(f), faiss.IO_FLAG_MMAP) for f in files]
+        _merge_lists(index, shards, bundle_dir / PENDING_IVFDATA)
+        del shards
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    tuning = tune(index, parts, config.target_recall, rng, reporter)
+    seconds = time.perf_counter() - started
+    reporter.log(f"built {factory} over {n:,} vectors of {len(parts)} shards in {seconds:.1f} s")
+    record = {"factory": factory, **tuning, "ntotal": int(index.ntotal), "on_disk": True}
+    return index, {
+        **record,
+        "shards": len(parts),
+        "train_points": trained_on,
+        "seed": seed,
+        "build_seconds": round(seconds, 3),
+    }
+
+
+def _check_parts(parts: Sequence[Part]) -> tuple[int, int]:
+    """(total rows, dimension) of the parts, which must hold distinct ids, one per vector."""
+    dims = {_as_matrix(vectors, "vectors").shape[1] for vectors, _ in parts}
+    n = _count(parts)
+    if n == 0:
+        raise PactlError("there are no vectors to index")
+    if len(dims) != 1:
+        raise PactlError(f"the shards hold vectors of different dimensions: {sorted(dims)}")
+    if any(np.shape(ids) != (len(vectors),) for vectors, ids in parts):
+        raise PactlError("each shard needs one id per vector")
+    ids = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids in parts])
+    if len(np.unique(ids)) != n:
+        raise PactlError(f"ids must be {n} distinct integers, one per vector")
+    return n, dims.pop()
+
+
+def _mergeable(index: Any) -> bool:
+    """Whether all of the index's data sits in plain inverted lists that merging can move: an
+    IVF (under pre-transforms or not), but not IVFPQR or refinement (data beside the lists) nor
+    fast-scan kinds (lists packed in blocks)."""
+    inner = faiss.downcast_index(index)
+    while isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    plain = not isinstance(inner, faiss.IndexIVFPQR | faiss.IndexIVFFastScan)
+    return isinstance(inner, faiss.IndexIVF) and plain
+
+
+def _fill_shard(trained: Any, part: Part, path: Path, reporter: Reporter) -> Path:
+    """One shard's vectors in a copy of the trained empty index, written to `path`; the copy is
+    freed on return, so one shard's lists at a time are in memory."""
+    shard = faiss.clone_index(trained)
+    add_vectors(shard, part[0], part[1], reporter)
+    faiss.write_index(shard, str(path))
+    return path
+
+
+def _merge_lists(target: Any, sources: Sequence[Any], path: Path) -> None:
+    """Give the empty `target` the inverted lists of all `sources` (same quantiser and codec),
+    concatenated list by list into one file of on-disk lists at `path`."""
+    ivf = faiss.extract_index_ivf(target)
+    lists = faiss.InvertedListsPtrVector()  # type: ignore[attr-defined]  # not in the stub
+    for source in sources:
+        lists.push_back(faiss.extract_index_ivf(source).invlists)
+    path.unlink(missing_ok=True)
+    merged: Any = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(path))
+    with _quiet_c_stdout():
+        ntotal = merged.merge_from_multiple(lists.data(), lists.size(), False, False)
+    ivf.replace_invlists(merged, True)
+    merged.this.disown()  # the index frees the lists now
+    target.ntotal = ivf.ntotal = ntotal
+
+
+def empty_like(index: Any) -> Any:
+    """A trained, empty copy of an IVF index (quantiser, codec, search setting), its lists in
+    memory. Serialising on-disk lists writes their header only, so their data is never read."""
+    source: Any = faiss.extract_index_ivf(index)
+    if not isinstance(faiss.downcast_InvertedLists(source.invlists), faiss.OnDiskInvertedLists):
+        copy = faiss.clone_index(index)
+        copy.reset()
+        return copy
+    reader = faiss.VectorIOReader()
+    faiss.copy_array_to_vector(faiss.serialize_index(index), reader.data)
+    copy = faiss.read_index(reader, faiss.IO_FLAG_SKIP_IVF_DATA)
+    ivf = faiss.extract_index_ivf(copy)
+    lists: Any = faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
+    ivf.replace_invlists(lists, True)
+    lists.this.disown()
+    copy.ntotal = ivf.ntotal = 0
+    return copy
+
+
+def _add_on_disk(
+    index: Any, vectors: np.ndarray, ids: np.ndarray, bundle_dir: Path, reporter: Reporter
+) -> Any:
+    """A new index holding the lists of the on-disk `index` and `vectors`, coded with the same
+    trained quantiser, merged into a fresh lists file for save_bundle to swap in: the bundle's
+    own index.ivfdata is only read, so a failed add leaves the bundle as it was."""
+    fresh = empty_like(index)
+    add_vectors(fresh, vectors, ids, reporter)
+    merged = empty_like(index)
+    _merge_lists(merged, [index, fresh], bundle_dir / PENDING_IVFDATA)
+    return merged
+
+
+@contextlib.contextmanager
+def _quiet_c_stdout() -> Iterator[None]:
+    """Discard what FAISS printf()s while it sizes or re-points on-disk lists ("resizing ...",
+    "IO_FLAG_ONDISK_SAME_DIR: updating ..."): on C stdout those lines would land among the
+    results of `pactl query ... > hits.csv`. Errors still arrive as exceptions."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    libc = ctypes.CDLL(None)
+    libc.fflush(None)
+    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
 # ---------------------------------------------------------------------------- bundles on disk
 
 
@@ -442,11 +672,12 @@ def save_bundle(
     `meta` should carry the vectors' checkpoint, fingerprint and model_config and the tuning
     record of build_index; format, version, dimension, count and the index file's size are set
     here from the index itself. meta.json goes last and records the size of index.faiss, so a
-    bundle interrupted mid-save is refused by load_bundle rather than half-read.
+    bundle interrupted mid-save is refused by load_bundle rather than half-read. An index with
+    on-disk lists (build_ondisk_index) also gets index.ivfdata, its size recorded alike.
     """
     if out.exists() and not out.is_dir():
         raise PactlError(f"{out} exists and is not a folder")
-    _refuse_mapped(index)
+    lists = _ondisk_lists(index)
     items = (
         items_csv_source
         if isinstance(items_csv_source, ItemTable)
@@ -457,9 +688,13 @@ def save_bundle(
     if len(items) != index.ntotal:
         raise PactlError(f"{len(items)} items for an index of {index.ntotal} vectors")
     out.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out / INDEX_FILE) as tmp:
-        faiss.write_index(index, str(tmp))
-        index_bytes = tmp.stat().st_size
+    sizes: dict[str, Any] = {}
+    if lists is not None:
+        sizes = _write_on_disk(out, index, lists)
+    else:
+        with atomic_path(out / INDEX_FILE) as tmp:
+            faiss.write_index(index, str(tmp))
+            sizes["index_bytes"] = tmp.stat().st_size
     if isinstance(items_csv_source, Path):
         with atomic_path(out / ITEMS_FILE) as tmp:
             shutil.copyfile(items_csv_source, tmp)
@@ -469,21 +704,57 @@ def save_bundle(
         "dimension": int(index.d),
         "count": int(index.ntotal),
         "metric": "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2",
-        "index_bytes": index_bytes,
+        "on_disk": lists is not None,
+        **sizes,
     }
     header = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "pactl_version": __version__}
-    rest = {k: v for k, v in meta.items() if k not in header and k not in derived}
+    mine = {*header, *derived, "index_bytes", "ivfdata_bytes"}
+    rest = {k: v for k, v in meta.items() if k not in mine}
     full = {**header, **rest, **derived}
     atomic_write_text(out / META_FILE, json.dumps(full, indent=2) + "\n")
+    if lists is None:  # left by an earlier on-disk build into this folder
+        (out / IVFDATA_FILE).unlink(missing_ok=True)
 
 
-def _refuse_mapped(index: Any) -> None:
-    """A memory-mapped IVF holds on-disk lists that write_index cannot serialise in place."""
+def _ondisk_lists(index: Any) -> Any | None:
+    """The index's OnDiskInvertedLists when they have a file of their own, else None.
+
+    Lists mapped from index.faiss (load_bundle with mmap) have no file of their own, and
+    write_index cannot serialise them in place: refused.
+    """
     ivf: Any = faiss.try_extract_index_ivf(index)
-    if ivf is not None and isinstance(
-        faiss.downcast_InvertedLists(ivf.invlists), faiss.OnDiskInvertedLists
-    ):
+    lists = faiss.downcast_InvertedLists(ivf.invlists) if ivf is not None else None
+    if not isinstance(lists, faiss.OnDiskInvertedLists):
+        return None
+    if not lists.filename:
         raise PactlError("a memory-mapped index cannot be saved: load it with mmap=False first")
+    return lists
+
+
+def _write_on_disk(out: Path, index: Any, lists: Any) -> dict[str, int]:
+    """Write index.faiss and put its lists file in place as index.ivfdata; returns both sizes.
+
+    index.faiss records the lists' file name, so it is set to the final one first; readers open
+    it with IO_FLAG_ONDISK_SAME_DIR, which keeps that name's last component and looks for it
+    beside index.faiss, so the bundle folder can move. The lists file is staged in `out` and
+    renamed into place right before index.faiss is, with meta.json removed first: until meta.json
+    is written again the bundle reads as unfinished, never as new lists under an old index.faiss.
+    """
+    final, staged = out / IVFDATA_FILE, out / PENDING_IVFDATA
+    source = Path(lists.filename)
+    if source.resolve() not in (final.resolve(), staged.resolve()):
+        shutil.copyfile(source, staged)  # another bundle's lists: copied, never taken from it
+        source = staged
+    lists.filename = str(final)
+    with atomic_path(out / INDEX_FILE) as tmp:
+        faiss.write_index(index, str(tmp))
+        index_bytes = tmp.stat().st_size
+        if source.resolve() != final.resolve():
+            with open(source, "rb") as f:  # the merge wrote through a shared mapping
+                os.fsync(f.fileno())
+            (out / META_FILE).unlink(missing_ok=True)
+            os.replace(source, final)
+    return {"index_bytes": index_bytes, "ivfdata_bytes": final.stat().st_size}
 
 
 def add_to_bundle(
@@ -496,7 +767,8 @@ def add_to_bundle(
     """Append vectors (with their items) to a bundle; they must come from the bundle's model.
 
     `meta_check` is the new vectors' meta.json: its dimension and model fingerprint must match
-    the bundle's. New ids must not be in the bundle yet. The tuned search setting is kept.
+    the bundle's. New ids must not be in the bundle yet. The tuned search setting is kept. An
+    on-disk bundle gets a new index.ivfdata: its lists and the new ones merged into a fresh file.
     """
     bundle = load_bundle(bundle_dir, mmap=False)
     x = _as_matrix(vectors, "vectors")
@@ -519,33 +791,24 @@ def add_to_bundle(
             f"id {int(clash[0])} is already in {bundle_dir} ({len(clash)} clashing ids); "
             f"number new items from {bundle.items.max_id() + 1}"
         )
-    add_vectors(bundle.index, x, new.ids, reporter or QUIET)
-    save_bundle(bundle_dir, bundle.index, bundle.items.concat(new), bundle.meta)
+    index = bundle.index
+    if _ondisk_lists(index) is not None:
+        index = _add_on_disk(index, x, new.ids, bundle_dir, reporter or QUIET)
+    else:
+        add_vectors(index, x, new.ids, reporter or QUIET)
+    save_bundle(bundle_dir, index, bundle.items.concat(new), bundle.meta)
 
 
 def load_bundle(path: Path, mmap: bool = True) -> Bundle:
     """Open a bundle, checking it is whole and consistent; sets the tuned search parameters.
 
     With `mmap`, index kinds that FAISS can map (IVF lists, flat codes) read their vectors from
-    the file through the page cache instead of copying them into memory.
+    the file through the page cache instead of copying them into memory. An on-disk bundle
+    (index.ivfdata) is always read that way, whatever `mmap` says.
     """
     _check_files(path)
     meta = _read_meta(path)
-    index_file = path / INDEX_FILE
-    recorded = meta.get("index_bytes")
-    actual = index_file.stat().st_size
-    if isinstance(recorded, int) and recorded != actual:
-        raise PactlError(
-            f"{index_file} is truncated or corrupt ({actual:,} bytes, meta.json records "
-            f"{recorded:,}): rebuild the bundle with `pactl index`"
-        )
-    flag = _mmap_flag(index_file) if mmap else 0
-    try:
-        index = faiss.read_index(str(index_file), flag)
-    except RuntimeError as e:
-        raise PactlError(
-            f"{index_file} is truncated or corrupt ({_why(e)}): rebuild it with `pactl index`"
-        ) from e
+    index, flag = _read_index(path, meta, mmap)
     items = ItemTable.read(path / ITEMS_FILE)
     if len(items) != index.ntotal:
         raise PactlError(
@@ -565,6 +828,62 @@ def load_bundle(path: Path, mmap: bool = True) -> Bundle:
         except RuntimeError as e:
             raise PactlError(f"bundle {path}: search_params {params!r}: {_why(e)}") from e
     return Bundle(path, index, items, meta, mmapped=flag != 0)
+
+
+def _read_index(path: Path, meta: dict[str, Any], mmap: bool) -> tuple[Any, int]:
+    """index.faiss (and index.ivfdata), sizes checked against meta.json; returns the index and
+    the FAISS read flag used."""
+    index_file, ivfdata = path / INDEX_FILE, path / IVFDATA_FILE
+    _check_size(index_file, meta.get("index_bytes"))
+    recorded = meta.get("on_disk")
+    on_disk = bool(recorded) or (recorded is None and ivfdata.exists())
+    if on_disk:
+        if not ivfdata.is_file():
+            raise PactlError(
+                f"bundle {path} lacks {IVFDATA_FILE} (its inverted lists): "
+                "rebuild it with `pactl index`"
+            )
+        _check_size(ivfdata, meta.get("ivfdata_bytes"))
+        # SAME_DIR: the lists file is looked for beside index.faiss, wherever the folder is now
+        flag = int(faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
+    else:
+        flag = _mmap_flag(index_file) if mmap else 0
+    try:
+        with _quiet_c_stdout() if on_disk else contextlib.nullcontext():
+            index = faiss.read_index(str(index_file), flag)
+    except RuntimeError as e:
+        raise PactlError(
+            f"{index_file} is truncated or corrupt ({_why(e)}): rebuild it with `pactl index`"
+        ) from e
+    if on_disk:
+        _check_lists_fit(index, ivfdata)
+    return index, flag
+
+
+def _check_lists_fit(index: Any, ivfdata: Path) -> None:
+    """The lists index.faiss describes must lie inside index.ivfdata: past its end they would
+    fault (SIGBUS) at search time instead of failing here."""
+    lists = _ondisk_lists(index)
+    size = ivfdata.stat().st_size
+    if lists is None:
+        raise PactlError(
+            f"{ivfdata.parent / INDEX_FILE} has no on-disk lists although {IVFDATA_FILE} is "
+            "there: rebuild the bundle with `pactl index`"
+        )
+    if lists.totsize > size:
+        raise PactlError(
+            f"{ivfdata} is truncated or corrupt ({size:,} bytes, {INDEX_FILE} expects "
+            f"{lists.totsize:,}): rebuild the bundle with `pactl index`"
+        )
+
+
+def _check_size(file: Path, recorded: Any) -> None:
+    actual = file.stat().st_size
+    if isinstance(recorded, int) and recorded != actual:
+        raise PactlError(
+            f"{file} is truncated or corrupt ({actual:,} bytes, meta.json records "
+            f"{recorded:,}): rebuild the bundle with `pactl index`"
+        )
 
 
 def _check_files(path: Path) -> None:

@@ -77,15 +77,24 @@ def embed_source(
 
 
 def gather_vectors(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
-    """Vectors, items and meta of an embed folder, its shards merged in shard order."""
+    """Vectors, items and meta of an embed folder, its shards joined in shard order (in
+    memory; read_parts keeps them apart)."""
+    parts, meta = read_parts(folder)
+    vectors, items = _join_parts(parts)
+    return vectors, items, meta
+
+
+def read_parts(folder: Path) -> tuple[list[tuple[np.ndarray, Any]], dict[str, Any]]:
+    """Per shard, in shard order, its memory-mapped vectors and ItemTable, and the set's meta
+    (count summed); a folder without shards/ is one part. Nothing is joined or copied."""
     from pactl.embed import read_vectors
     from pactl.index import ItemTable
 
     shards = sorted((folder / "shards").glob("*-of-*/meta.json"))
     if not shards:
         vectors, meta = read_vectors(folder)
-        return vectors, ItemTable.read(folder / "items.csv"), meta
-    parts = [(read_vectors(m.parent), ItemTable.read(m.parent / "items.csv")) for m in shards]
+        return [(vectors, ItemTable.read(folder / "items.csv"))], meta
+    read = [(read_vectors(m.parent), ItemTable.read(m.parent / "items.csv")) for m in shards]
     counts = {m.parent.name.split("-of-")[1] for m in shards}
     expected = int(counts.pop()) if len(counts) == 1 else -1
     if expected != len(shards):
@@ -93,28 +102,45 @@ def gather_vectors(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
             f"{folder}/shards holds {len(shards)} finished shards of {sorted(counts) or '?'}; "
             "finish the missing ones with `pactl embed ... --shard i/n`"
         )
-    fingerprints = {meta["fingerprint"] for (_, meta), _ in parts}
+    fingerprints = {meta["fingerprint"] for (_, meta), _ in read}
     if len(fingerprints) != 1:
         raise PactlError(f"the shards in {folder}/shards were embedded with different models")
-    vectors = np.concatenate([np.asarray(v) for (v, _), _ in parts])
-    items = parts[0][1]
-    for _, more in parts[1:]:
-        items = items.concat(more)
-    meta = {**parts[0][0][1], "count": len(vectors)}
-    return vectors, items, meta
+    parts = [(vectors, items) for (vectors, _), items in read]
+    return parts, {**read[0][0][1], "count": sum(len(v) for v, _ in parts)}
+
+
+def _join_parts(parts: list[tuple[np.ndarray, Any]]) -> tuple[np.ndarray, Any]:
+    """One matrix and one ItemTable; more than one part is copied into memory."""
+    from pactl.index import ItemTable
+
+    if len(parts) == 1:
+        return parts[0]
+    vectors = np.concatenate([np.asarray(v) for v, _ in parts])
+    return vectors, ItemTable.join([table for _, table in parts])
 
 
 def index_vectors(
     vectors_dir: Path, out: Path | None, config: IndexConfig, reporter: Reporter
 ) -> tuple[Path, dict[str, Any]]:
-    """Build a bundle from an embed output folder; returns (bundle folder, meta)."""
-    from pactl.index import build_index, save_bundle
+    """Build a bundle from an embed output folder; returns (bundle folder, meta).
 
-    vectors, items, meta = gather_vectors(vectors_dir)
-    if len(vectors) == 0:
+    Shards are joined in memory, or, with on-disk merging (config.on_disk), indexed one at a time
+    into an IVF whose lists go to index.ivfdata.
+    """
+    from pactl.index import ItemTable, build_index, build_ondisk_index, save_bundle, wants_on_disk
+
+    parts, meta = read_parts(vectors_dir)
+    if meta["count"] == 0:
         raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
     out = out or default_bundle_dir(Path(meta["checkpoint"]))
-    index, tuning = build_index(np.ascontiguousarray(vectors), config, reporter, ids=items.ids)
+    dim = int(parts[0][0].shape[1])
+    if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
+        items = ItemTable.join([table for _, table in parts])
+        shards = [(vectors, part_items.ids) for vectors, part_items in parts]
+        index, tuning = build_ondisk_index(shards, config, reporter, out)
+    else:
+        vectors, items = _join_parts(parts)
+        index, tuning = build_index(np.ascontiguousarray(vectors), config, reporter, ids=items.ids)
     bundle_meta = {
         **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
         "model_config": meta["model_config"],
