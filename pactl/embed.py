@@ -102,18 +102,20 @@ def inference_model(
     device: torch.device,
     amp: str = "none",
     channels_last: bool = True,
+    freeze: bool = True,
 ) -> nn.Module:
-    """The network as embedding runs it: eval mode, NHWC convolutions, and on the CPU in float32
-    a traced and frozen copy whose convolutions have BatchNorm folded in and weights pre-packed
-    for oneDNN (resnet50 at 224: about 1.3x faster per image on a 2-core x86 CPU, outputs equal
-    to 1e-6; see docs/benchmarks.md). A network the tracer cannot follow runs as it is; so does
-    an already prepared one, so callers that embed in chunks prepare once."""
+    """The network as embedding runs it: eval mode, NHWC convolutions, and (with `freeze`) on
+    the CPU in float32 a traced and frozen copy whose convolutions have BatchNorm folded in and
+    weights pre-packed for oneDNN (resnet50 at 224: about 1.3x faster per image on a 2-core x86
+    CPU, outputs equal to 1e-6; see docs/benchmarks.md). A network the tracer cannot follow
+    runs as it is; so does an already prepared one, so callers that embed in chunks prepare
+    once."""
     if isinstance(model, torch.jit.ScriptModule):
         return model
     model.eval()
     if channels_last:  # NHWC convolutions: several times faster, on CPUs as on GPUs
         model.to(memory_format=torch.channels_last)
-    if device.type != "cpu" or amp != "none" or not hasattr(torch.jit, "freeze"):
+    if not freeze or device.type != "cpu" or amp != "none" or not hasattr(torch.jit, "freeze"):
         return model
     size = model_config.image_size
     generator = torch.Generator().manual_seed(0)
@@ -162,12 +164,9 @@ def embed_files(
     filled = 0
     prepared = isinstance(model, torch.jit.ScriptModule)  # frozen: no train/eval modes left
     was_training = not prepared and model.training
-    forward = model if prepared else model.eval()
-    if channels_last and not prepared:  # NHWC convolutions: faster, on CPUs as on GPUs
-        model.to(memory_format=torch.channels_last)
-    if prepare or (prepare is None and len(files) >= PREPARE_MIN_IMAGES):
-        with torch.inference_mode(False):  # tracing needs ordinary tensors
-            forward = inference_model(model, model_config, device, amp, channels_last)
+    freeze = prepare or (prepare is None and len(files) >= PREPARE_MIN_IMAGES)
+    with torch.inference_mode(False):  # tracing needs ordinary tensors
+        forward = inference_model(model, model_config, device, amp, channels_last, freeze)
     with reporter.bar("embedding", total=len(files)) as advance:
         for batch in loader:
             failed.extend(batch.failed)

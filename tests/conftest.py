@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,3 +70,47 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def train_tiny(
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    epochs: int = 1,
+    classes: int = 6,
+    per_class: int = 5,
+) -> Path:
+    """`pactl train` of the TINY network on a fresh class folder `root/imgs`: the run folder."""
+    make_class_folder(root / "imgs", classes=classes, per_class=per_class)
+    code, _, err = run_cli(
+        ["train", str(root / "imgs"), "--epochs", str(epochs), "--name", "t", *TINY, "--quiet"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 0, err
+    return root / "runs" / "t"
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def clustered(
+    rng: np.random.Generator, n: int, centres: np.ndarray, spread: float = 1.0
+) -> np.ndarray:
+    """Unit vectors scattered around random cluster centres (embeddings of classes)."""
+    picks = centres[rng.integers(0, len(centres), n)]
+    noise = rng.standard_normal((n, centres.shape[1])) * spread / math.sqrt(centres.shape[1])
+    return unit(picks + noise).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def faiss_one_thread() -> Iterator[None]:
+    """One FAISS thread: k-means and HNSW construction give the same result on every run, and
+    no thread spin-waits on a busy CI machine."""
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield
+    faiss.omp_set_num_threads(before)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY, make_class_folder, run_cli
+from conftest import make_class_folder, run_cli, train_tiny
 from torch import nn
 
 from pactl.config import ModelConfig
@@ -91,14 +91,8 @@ def test_query_prepares_the_network_once_for_many_chunks(
     import pactl.embed
     from pactl import pipeline
 
-    folder = make_class_folder(tmp_path / "imgs", classes=4, per_class=5)
-    code, _, err = run_cli(
-        ["train", str(folder), "--epochs", "1", "--name", "t", *TINY, "--quiet"],
-        monkeypatch,
-        capsys,
-    )
-    assert code == 0, err
-    checkpoint = tmp_path / "runs" / "t" / "best.pt"
+    checkpoint = train_tiny(tmp_path, monkeypatch, capsys, classes=4) / "best.pt"
+    folder = tmp_path / "imgs"
     code, _, err = run_cli(
         ["index", str(folder), "--checkpoint", str(checkpoint), "--out", "b", "--quiet"],
         monkeypatch,

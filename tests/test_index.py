@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 import pytest
+from conftest import clustered, unit
 
 from pactl.config import IndexConfig
 from pactl.console import QUIET
@@ -27,6 +27,8 @@ from pactl.index import (
 )
 from pactl.search import hits, search
 
+pytestmark = pytest.mark.usefixtures("faiss_one_thread")
+
 N, DIM, CLUSTERS, QUERIES, K = 10_000, 32, 100, 400, 10
 FINGERPRINT = "ab" * 32
 
@@ -39,17 +41,6 @@ KINDS = [
     ("IVF64_HNSW32,PQ16x4", False, 0.6),
     ("HNSW32,Flat", False, 0.95),
 ]
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def clustered(rng: np.random.Generator, n: int, centres: np.ndarray, spread: float) -> np.ndarray:
-    """Unit vectors scattered around random cluster centres (embeddings of classes)."""
-    picks = centres[rng.integers(0, len(centres), n)]
-    noise = rng.standard_normal((n, centres.shape[1])) * spread / math.sqrt(centres.shape[1])
-    return unit(picks + noise).astype(np.float32)
 
 
 def exact_top(base: np.ndarray, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,15 +58,6 @@ def recall(found: np.ndarray, truth: np.ndarray) -> float:
 
 def rows_for(n: int, start: int = 0) -> list[tuple[int, str, str]]:
     return [(i, f"img/{i}.jpg", f"class_{i % 7}") for i in range(start, start + n)]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # One thread makes HNSW construction deterministic and avoids spin-waiting on busy CI boxes.
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    yield
-    faiss.omp_set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -4,17 +4,15 @@ against the same index built in memory and against exact search done in numpy (f
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 import pytest
-from conftest import TINY, make_class_folder, run_cli
+from conftest import clustered, make_class_folder, run_cli, train_tiny, unit
 
 from pactl.config import IndexConfig
 from pactl.console import QUIET
@@ -35,18 +33,10 @@ from pactl.index import (
 from pactl.pipeline import index_vectors
 from pactl.search import search
 
+pytestmark = pytest.mark.usefixtures("faiss_one_thread")
+
 SHARDS, PER_SHARD, DIM, CLUSTERS, QUERIES, K = 3, 2_000, 32, 60, 200, 10
 FINGERPRINT = "cd" * 32
-
-
-def unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def clustered(rng: np.random.Generator, n: int, centres: np.ndarray) -> np.ndarray:
-    picks = centres[rng.integers(0, len(centres), n)]
-    noise = rng.standard_normal((n, centres.shape[1])) / math.sqrt(centres.shape[1])
-    return unit(picks + noise).astype(np.float32)
 
 
 def exact_top(base: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
@@ -62,15 +52,6 @@ def rows_for(ids: np.ndarray) -> list[tuple[int, str, str]]:
 def at_nprobe(index: Any, nprobe: int, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     faiss.ParameterSpace().set_index_parameters(index, f"nprobe={nprobe}")
     return index.search(queries, K)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    # One thread: k-means and HNSW construction give the same result on every run.
-    before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    yield
-    faiss.omp_set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -320,14 +301,7 @@ def test_on_disk_path_never_holds_all_vectors(tmp_path: Path) -> None:
 def trained(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Path:
-    make_class_folder(tmp_path / "imgs", classes=6, per_class=5)
-    code, _, err = run_cli(
-        ["train", str(tmp_path / "imgs"), "--epochs", "1", "--name", "t", *TINY, "--quiet"],
-        monkeypatch,
-        capsys,
-    )
-    assert code == 0, err
-    return tmp_path / "runs" / "t"
+    return train_tiny(tmp_path, monkeypatch, capsys, epochs=1)
 
 
 def test_cli_sharded_embed_index_on_disk_query_add(

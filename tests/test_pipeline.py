@@ -8,21 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, make_class_folder, read_csv, run_cli
+from conftest import TINY, make_class_folder, read_csv, run_cli, train_tiny
 
 
 @pytest.fixture
 def trained(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Path:
-    make_class_folder(tmp_path / "imgs", classes=6, per_class=5)
-    code, _, err = run_cli(
-        ["train", str(tmp_path / "imgs"), "--epochs", "2", "--name", "t", *TINY, "--quiet"],
-        monkeypatch,
-        capsys,
-    )
-    assert code == 0, err
-    return tmp_path / "runs" / "t"
+    return train_tiny(tmp_path, monkeypatch, capsys, epochs=2)
 
 
 def test_train_index_query_flow(
