@@ -1,14 +1,21 @@
 """BACKBONES: name -> constructor returning the feature extractor and its preprocessing.
 
 A backbone maps images (B, 3, H, W) to a feature map (B, C, h, w); the embedding head
-(pactl.model) pools it. Preprocessing (mean/std) travels with the model in ModelConfig.
+(pactl.model) pools it. Preprocessing (mean/std, interpolation, crop fraction) travels with the
+model in ModelConfig.
+
+`--weights` means the same for every backbone: `none` (random initialisation), `imagenet` (the
+published ImageNet weights, fetched once into a cache) or a PATH to a state_dict file, loaded
+into the whole network before its classifier is cut off, with every backbone key matched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,6 +24,9 @@ from pactl import bn_inception
 from pactl.config import IMAGENET_MEAN, IMAGENET_STD
 from pactl.errors import PactlError
 
+# First key components of classifiers an embedding never uses: a file may carry them.
+CLASSIFIER_KEYS = ("fc", "classifier", "last_linear", "head", "aux1", "aux2", "AuxLogits")
+
 
 @dataclass(frozen=True)
 class Backbone:
@@ -24,16 +34,18 @@ class Backbone:
     feat_dim: int
     mean: tuple[float, ...]  # the normalisation its weights expect, in [0, 1] units
     std: tuple[float, ...]
+    interpolation: str = "bilinear"  # resize filter its weights were evaluated with
+    crop_pct: float = 0.875  # test-time crop / resize (224 / 256)
 
 
-# constructor(pretrained) -> Backbone
-Constructor = Callable[[bool], Backbone]
+# constructor(weights) -> Backbone, weights: none | imagenet | path to a state_dict file
+Constructor = Callable[[str], Backbone]
 
 
-def _small(pretrained: bool) -> Backbone:
-    """A four-block CNN for the CPU and the tests; it has no pretrained weights."""
-    if pretrained:
-        raise PactlError("backbone 'small' has no pretrained weights; use --weights none")
+def _small(weights: str) -> Backbone:
+    """A four-block CNN for the CPU and the tests; it has no ImageNet weights."""
+    if weights == "imagenet":
+        raise PactlError("backbone 'small' has no ImageNet weights; use --weights none|PATH")
 
     def block(cin: int, cout: int) -> list[nn.Module]:
         return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
@@ -46,18 +58,23 @@ def _small(pretrained: bool) -> Backbone:
         nn.MaxPool2d(2),
         *block(64, 128),
     )
+    load_weights_file(module, weights)
     return Backbone(module, 128, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
 def _torchvision(name: str, weights_enum: str, feat_dim: int) -> Constructor:
     """A torchvision classifier with its pooling and classifier removed."""
 
-    def build(pretrained: bool) -> Backbone:
+    def build(weights: str) -> Backbone:
         import torchvision
 
-        weights = getattr(torchvision.models, weights_enum).DEFAULT if pretrained else None
+        published = getattr(torchvision.models, weights_enum).DEFAULT
         kwargs = {"aux_logits": False, "init_weights": False} if name == "googlenet" else {}
-        net = getattr(torchvision.models, name)(weights=weights, **kwargs)
+        with fetching(f"{name} ImageNet weights", published.url):
+            net = getattr(torchvision.models, name)(
+                weights=published if weights == "imagenet" else None, **kwargs
+            )
+        load_weights_file(net, weights)
         children = dict(net.named_children())
         stop = next(i for i, key in enumerate(children) if key in ("avgpool", "fc"))
         body = nn.Sequential(*[m for key, m in list(children.items())[:stop] if key != "aux1"])
@@ -72,8 +89,8 @@ def _torchvision(name: str, weights_enum: str, feat_dim: int) -> Constructor:
 
 BACKBONES: dict[str, Constructor] = {
     "small": _small,
-    "bn_inception": lambda pretrained: Backbone(
-        bn_inception.bn_inception(pretrained),
+    "bn_inception": lambda weights: Backbone(
+        bn_inception.bn_inception(weights),
         bn_inception.FEAT_DIM,
         bn_inception.MEAN,
         bn_inception.STD,
@@ -86,7 +103,11 @@ BACKBONES: dict[str, Constructor] = {
 
 
 def constructor_for(name: str) -> Constructor:
-    """The registry entry for `name`; a KeyError lists the choices."""
+    """The registry entry for `name` (timm:<model> included); a KeyError lists the choices."""
+    if name.startswith("timm:"):
+        from pactl.timm_backbone import build_timm
+
+        return lambda weights: build_timm(name.removeprefix("timm:"), weights)
     try:
         return BACKBONES[name]
     except KeyError:
@@ -96,30 +117,95 @@ def constructor_for(name: str) -> Constructor:
         ) from None
 
 
+def preprocessing_of(name: str) -> tuple[str, float]:
+    """(interpolation, crop fraction) the backbone's published weights were evaluated with,
+    without building it: timm's pretrained config for timm:<model>, torchvision's 224/256."""
+    if name.startswith("timm:"):
+        import timm
+
+        cfg = timm.models.get_pretrained_cfg(name.removeprefix("timm:"))
+        if cfg is not None:
+            return str(cfg.interpolation or "bilinear"), float(cfg.crop_pct or 0.875)
+    return Backbone.interpolation, Backbone.crop_pct
+
+
 def build_backbone(name: str, weights: str) -> Backbone:
     """Build backbone `name` with `weights` none | imagenet | path to a state_dict file."""
-    if name.startswith("timm:"):
-        from pactl.timm_backbone import build_timm
-
-        return build_timm(name.removeprefix("timm:"), weights == "imagenet")
-    backbone = constructor_for(name)(weights == "imagenet")
-    if weights not in ("none", "imagenet"):
-        _load_weights(backbone.module, Path(weights))
-    return backbone
+    if weights not in ("none", "imagenet") and not Path(weights).is_file():
+        raise PactlError(f"weights file {weights} not found (use --weights none|imagenet|PATH)")
+    return constructor_for(name)(weights)
 
 
-def _load_weights(module: nn.Module, path: Path) -> None:
-    if not path.is_file():
-        raise PactlError(f"weights file {path} not found (use --weights none|imagenet|PATH)")
+@contextmanager
+def fetching(what: str, url: str) -> Iterator[None]:
+    """Turns a failed download inside the block into one line: what, where to put it by hand."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        yield
+    except OSError as error:  # URLError and HTTPError are OSErrors
+        cache = Path(torch.hub.get_dir()) / "checkpoints"
+        reason = str(getattr(error, "reason", None) or error).splitlines()[0][:120]
+        raise PactlError(
+            f"cannot download the {what} ({reason}): fetch {url} by hand into {cache}/, "
+            "or use --weights none|PATH"
+        ) from None
+
+
+def read_state_file(path: Path) -> dict[str, torch.Tensor]:
+    """A state_dict from a torch or safetensors file; `state_dict`/`model` wrappers and DDP's
+    `module.` prefix are taken off."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            state: Any = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for bad files; all mean the same here
-        raise PactlError(f"{path} is not a loadable state_dict: {str(e).splitlines()[0]}") from None
-    if isinstance(state, dict) and "state_dict" in state:
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not set(state) & set(module.state_dict()):
-        raise PactlError(f"{path} shares no weight names with this backbone")
-    try:
-        module.load_state_dict(state, strict=False)
-    except RuntimeError as e:  # shape mismatches
-        raise PactlError(f"{path} does not fit this backbone: {str(e).splitlines()[-1]}") from None
+        first = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise PactlError(f"{path} is not a loadable state_dict: {first}") from None
+    for wrapper in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(wrapper), dict):
+            state = state[wrapper]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise PactlError(f"{path} is not a state_dict (a dict of tensors)")
+    if state and all(k.startswith("module.") for k in state):
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+    return state
+
+
+def load_weights_file(
+    module: nn.Module,
+    weights: str,
+    adapt: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None] | None = None,
+) -> None:
+    """Load the state_dict file `weights` into `module` (nothing for none/imagenet).
+
+    Every key of the module must be in the file with its shape; the file may carry a classifier
+    (CLASSIFIER_KEYS) the module lacks. Anything else is one PactlError naming the first few
+    keys. `adapt(file_state, module_state)` may fix the file's layout in place first.
+    """
+    if weights in ("none", "imagenet"):
+        return
+    path = Path(weights)
+    state = read_state_file(path)
+    own = module.state_dict()
+    if adapt is not None:
+        adapt(state, own)
+    missing = [k for k in own if k not in state and not k.endswith("num_batches_tracked")]
+    unexpected = [k for k in state if k not in own and k.split(".")[0] not in CLASSIFIER_KEYS]
+    wrong = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    for problem, keys in (
+        ("lacks backbone weights", missing),
+        ("has weights this backbone does not have", unexpected),
+        ("has weights of another shape", wrong),
+    ):
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            raise PactlError(
+                f"{path} does not fit this backbone: it {problem}: {', '.join(keys[:3])}{more}"
+            )
+    module.load_state_dict({k: state[k] for k in own if k in state}, strict=False)

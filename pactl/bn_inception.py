@@ -24,7 +24,10 @@ from torch import nn
 
 from pactl.errors import PactlError
 
-WEIGHTS_URL = "http://data.lip6.fr/cadene/pretrainedmodels/bn_inception-52deb4733.pth"
+# The file the official Proxy-Anchor code loads (Cadene's pretrainedmodels), then mirrors that
+# serve the identical bytes; every download is checked against the full sha256.
+WEIGHTS_URLS = ("http://data.lip6.fr/cadene/pretrainedmodels/bn_inception-52deb4733.pth",)
+WEIGHTS_SHA256 = "52deb473314542a5c2f87e9e6f26f4ca42fe863d15f986414dbae8c2dfdd2353"
 FEAT_DIM = 1024  # channels of inception_5b's output
 # (x / 255 - 128/255) / (1/255) = x - 128 for R, likewise 117 for G and 104 for B.
 MEAN = (128 / 255, 117 / 255, 104 / 255)  # RGB
@@ -146,12 +149,25 @@ def check_size(height: int, width: int) -> None:
             )
 
 
-def bn_inception(pretrained: bool) -> BNInception:
-    """BN-Inception, with the published ImageNet weights when `pretrained`."""
+def bn_inception(weights: str) -> BNInception:
+    """BN-Inception with `weights` none | imagenet (the published file) | a state_dict PATH."""
+    from pactl.backbones import load_weights_file
+
     net = BNInception()
-    if pretrained:
-        net.load_state_dict(imagenet_state_dict(WEIGHTS_URL), strict=True)
+    if weights == "imagenet":
+        net.load_state_dict(imagenet_state_dict(WEIGHTS_URLS, WEIGHTS_SHA256), strict=True)
+    else:
+        load_weights_file(net, weights, adapt=squeeze_batchnorm)
     return net
+
+
+def squeeze_batchnorm(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> None:
+    """BatchNorm tensors saved as (1, C) (some conversions of the Caffe file) become (C,), as
+    the official training code squeezes them."""
+    for key, tensor in list(state.items()):
+        want = own.get(key)
+        if want is not None and tensor.dim() == 2 and tensor.shape[0] == 1 and want.dim() == 1:
+            state[key] = tensor.squeeze(0)
 
 
 def weights_path(url: str) -> Path:
@@ -159,35 +175,46 @@ def weights_path(url: str) -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
 
 
-def imagenet_state_dict(url: str) -> dict[str, torch.Tensor]:
-    """The weights published at `url` without the classifier, downloaded once and checksummed."""
-    path = weights_path(url)
-    # The file name carries the leading hex digits of the file's sha256 (torch's convention).
-    expected = path.stem.rsplit("-", 1)[-1]
+def imagenet_state_dict(urls: tuple[str, ...], sha256: str) -> dict[str, torch.Tensor]:
+    """The published weights without the classifier: taken from the cache, else downloaded from
+    the first of `urls` that answers, and checked against the file's full `sha256`."""
+    path = weights_path(urls[0])
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            # Downloads to a temporary file and renames it only once the checksum matches.
-            torch.hub.download_url_to_file(url, str(path), hash_prefix=expected)
-        except OSError as e:
-            raise PactlError(
-                f"cannot download BN-Inception weights from {url}: {e}; "
-                f"put the file at {path} or use --weights none"
-            ) from None
-        except RuntimeError as e:  # the checksum did not match
-            raise PactlError(f"the BN-Inception weights from {url} are corrupt: {e}") from None
+        _download(urls, sha256, path)
     digest = _sha256(path)
-    if not digest.startswith(expected):
+    if digest != sha256:
         raise PactlError(
             f"{path} is not the published BN-Inception file (sha256 {digest[:12]}..., expected "
-            f"{expected}...); delete it and run again, or use --weights none"
+            f"{sha256[:12]}...); delete it and run again, or use --weights none|PATH"
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError) as e:
         first_line = str(e).splitlines()[0]
         raise PactlError(f"{path} does not load as a state_dict: {first_line}") from None
-    return {k: v for k, v in state.items() if not k.startswith("last_linear.")}
+    state = {k: v for k, v in state.items() if not k.startswith("last_linear.")}
+    squeeze_batchnorm(state, BNInception().state_dict())
+    return state
+
+
+def _download(urls: tuple[str, ...], sha256: str, path: Path) -> None:
+    """Fetch the file from the first address that serves it with the right checksum."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    failures = []
+    for url in urls:
+        try:
+            # Downloads to a temporary file and renames it only once the checksum matches.
+            torch.hub.download_url_to_file(url, str(path), hash_prefix=sha256, progress=False)
+            return
+        except OSError as e:  # unreachable, refused, HTTP errors
+            reason = str(getattr(e, "reason", None) or e).splitlines()[0][:80]
+            failures.append(f"{url.split('/')[2]}: {reason}")
+        except RuntimeError:  # the checksum did not match: try the next address
+            failures.append(f"{url.split('/')[2]}: wrong checksum")
+    raise PactlError(
+        f"cannot download the BN-Inception weights ({'; '.join(failures)}): put "
+        f"{path.name} (sha256 {sha256[:12]}...) at {path} by hand, or use --weights none|PATH"
+    )
 
 
 def _sha256(path: Path) -> str:

@@ -10,6 +10,7 @@ import hashlib
 import pickle
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,47 @@ def load_model(path: Path) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
     model.load_state_dict(payload["model"])
     model.eval()
     return model, config, payload
+
+
+@dataclass(frozen=True)
+class Network:
+    """Which network made a set of vectors: recorded in meta.json, checked at query time."""
+
+    config: ModelConfig  # with the backbone's preprocessing filled in
+    fingerprint: str  # sha256 of the weights
+    checkpoint: str | None  # absolute path of the checkpoint; None: the backbone as published
+
+
+# What to embed with: a checkpoint file, or a backbone's config (its published or given weights
+# and no head: the pooled features, the baseline before any training).
+ModelSource = Path | ModelConfig
+
+
+def open_network(source: ModelSource) -> tuple[nn.Module, Network]:
+    """The network of a checkpoint or of a backbone config, in eval mode, on the CPU."""
+    if isinstance(source, Path):
+        model, config, payload = load_model(source)
+        return model, Network(config, payload["fingerprint"], str(source.resolve()))
+    from pactl.model import build_model
+
+    model, config = build_model(source)
+    model.eval()
+    return model, Network(config, fingerprint(clean_state_dict(model)), None)
+
+
+def network_of(meta: dict[str, Any], checkpoint: Path | None = None) -> tuple[nn.Module, Network]:
+    """The network that made the vectors or bundle of `meta` (or `checkpoint` instead of the
+    recorded one); a network with other weights than those recorded is refused."""
+    recorded = meta.get("checkpoint")
+    if checkpoint is None and recorded:
+        checkpoint = Path(recorded)
+    source: ModelSource = checkpoint or from_dict(ModelConfig, meta["model_config"])
+    model, network = open_network(source)
+    if network.fingerprint != meta.get("fingerprint"):
+        raise PactlError(
+            f"{checkpoint or 'the backbone'} is not the network that made these vectors "
+            f"(weights fingerprint {network.fingerprint[:12]} vs "
+            f"{str(meta.get('fingerprint'))[:12]}); use the same checkpoint or weights, or "
+            "embed again"
+        )
+    return model, network

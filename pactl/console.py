@@ -41,6 +41,10 @@ class Reporter:
         if not self.quiet:
             self.console.print(message, highlight=False)
 
+    def warn(self, message: str) -> None:
+        """A warning is shown even when quiet: it says the result may not be what was wanted."""
+        self.console.print(f"warning: {message}", highlight=False, markup=False)
+
     @contextmanager
     def bar(self, description: str, total: int | None) -> Iterator[Advance]:
         """A progress bar over `total` units; yields the callback that advances it."""

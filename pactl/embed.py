@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from pactl import __version__
+from pactl.checkpoint import Network
 from pactl.config import ModelConfig, to_dict
 from pactl.console import Reporter
 from pactl.errors import PactlError
@@ -66,21 +67,24 @@ def loader_for(
     augment: str = "none",
     sampler: torch.utils.data.Sampler[int] | None = None,
     generator: torch.Generator | None = None,
+    draft: bool = True,
 ) -> torch.utils.data.DataLoader:
     from pactl.images import ImageDataset, build_transform, collate
 
     assert model_config.mean is not None and model_config.std is not None
+    resize = model_config.resize_size or model_config.image_size
     transform = build_transform(
         model_config.image_size,
-        model_config.resize_size,
+        resize,
         model_config.mean,
         model_config.std,
         train=train,
         augment=augment,
+        interpolation=model_config.interpolation or "bilinear",
     )
-    # Training crops at random scales: decode in full there (as the official loader does);
-    # evaluation only needs the resize size, so large JPEGs decode in draft mode.
-    target = None if train else max(model_config.resize_size, model_config.image_size)
+    # Training and evaluation decode in full (as the official loader does): JPEG draft mode
+    # scales in the DCT, which changes pixels; embedding large collections may take the speed.
+    target = max(resize, model_config.image_size) if draft and not train else None
     dataset = ImageDataset(files, labels, transform, target_size=target)
     return torch.utils.data.DataLoader(
         dataset,
@@ -148,16 +152,17 @@ def embed_files(
     channels_last: bool = True,
     out: np.ndarray | None = None,
     prepare: bool | None = None,
+    draft: bool = True,
 ) -> Embedded:
     """Embed `files` in order; unreadable ones are skipped and listed, never fatal.
 
     `model` may be one inference_model() prepared; `prepare` (default: from PREPARE_MIN_IMAGES
     images on) prepares it here. `out` may be a (len(files), D) float32 array (a memory map, say)
     that receives the vectors of the images that decoded, packed from the top; otherwise one is
-    allocated.
+    allocated. `draft`: large JPEGs may decode at a reduced scale (not for evaluation).
     """
-    loader = loader_for(files, None, model_config, batch_size, workers, device)
-    dim = model_config.embedding_dim
+    loader = loader_for(files, None, model_config, batch_size, workers, device, draft=draft)
+    dim = model_config.dimension or model_config.embedding_dim
     vectors = out if out is not None else np.empty((len(files), dim), dtype=np.float32)
     rows = np.empty(len(files), dtype=np.int64)
     failed: list[tuple[int, str]] = []
@@ -303,8 +308,7 @@ def plan(
 
 def embed_to_folder(
     model: nn.Module,
-    checkpoint: dict[str, Any],
-    checkpoint_path: Path,
+    network: Network,
     files: Sequence[Path],
     labels: Sequence[str],
     ids: np.ndarray,
@@ -319,19 +323,17 @@ def embed_to_folder(
 
     Run again into the same folder with the same model, only new or changed files are embedded.
     """
-    from pactl.config import from_dict
-
-    model_config = from_dict(ModelConfig, checkpoint["model_config"])
+    model_config = network.config
     out_dir.mkdir(parents=True, exist_ok=True)
     stats = file_stats(files)
-    previous = read_previous(out_dir, checkpoint["fingerprint"])
+    previous = read_previous(out_dir, network.fingerprint)
     job = plan(files, ids, stats, previous)
     todo = np.flatnonzero(job.reuse < 0)
     if previous is not None and not len(todo) and len(previous.rows) == len(files):
         reporter.log(f"{out_dir} is up to date: nothing new or changed")
         meta: dict[str, Any] = json.loads((out_dir / "meta.json").read_text())
         return meta
-    dim = model_config.embedding_dim
+    dim = model_config.dimension or model_config.embedding_dim
     fresh_path = out_dir / ".fresh.npy.tmp"  # scratch for the new vectors, removed below
     try:
         fresh = np.lib.format.open_memmap(
@@ -371,8 +373,8 @@ def embed_to_folder(
         "reused": int((job.reuse >= 0).sum()),
         "skipped": len(skipped),
         "metric": "ip",
-        "checkpoint": str(checkpoint_path.resolve()),
-        "fingerprint": checkpoint["fingerprint"],
+        "checkpoint": network.checkpoint,  # None: the backbone of model_config, no checkpoint
+        "fingerprint": network.fingerprint,
         "model_config": to_dict(model_config),
     }
     atomic_write_text(out_dir / "meta.json", json.dumps(meta, indent=2) + "\n")

@@ -197,26 +197,29 @@ def _tensor_tail(mean: Sequence[float], std: Sequence[float]) -> list[Callable]:
     return [T.ToTensor(), T.Normalize(mean=list(mean), std=list(std))]
 
 
-def _test_steps(image_size: int, resize_size: int) -> list[Callable]:
+def _test_steps(image_size: int, resize_size: int, mode: T.InterpolationMode) -> list[Callable]:
     if resize_size == image_size:
-        return [T.Resize((image_size, image_size), antialias=True)]
-    return [T.Resize(resize_size, antialias=True), T.CenterCrop(image_size)]
+        return [T.Resize((image_size, image_size), mode, antialias=True)]
+    return [T.Resize(resize_size, mode, antialias=True), T.CenterCrop(image_size)]
 
 
-def _rrc_flip_steps(image_size: int, resize_size: int) -> list[Callable]:
+def _rrc_flip_steps(image_size: int, resize_size: int, mode: T.InterpolationMode) -> list[Callable]:
     # The official Proxy-Anchor train transform (torchvision's default scale and ratio ranges).
-    return [T.RandomResizedCrop(image_size, antialias=True), T.RandomHorizontalFlip()]
+    return [
+        T.RandomResizedCrop(image_size, interpolation=mode, antialias=True),
+        T.RandomHorizontalFlip(),
+    ]
 
 
-def _light_steps(image_size: int, resize_size: int) -> list[Callable]:
+def _light_steps(image_size: int, resize_size: int, mode: T.InterpolationMode) -> list[Callable]:
     # Small jitter for digits and similar: no flip, since a mirrored 2 or 7 is not a 2 or 7.
     return [
-        T.Resize((image_size, image_size), antialias=True),
+        T.Resize((image_size, image_size), mode, antialias=True),
         T.RandomAffine(degrees=10.0, translate=(0.1, 0.1), scale=(0.9, 1.1)),
     ]
 
 
-AUGMENTS: dict[str, Callable[[int, int], list[Callable]]] = {
+AUGMENTS: dict[str, Callable[[int, int, T.InterpolationMode], list[Callable]]] = {
     "rrc_flip": _rrc_flip_steps,
     "light": _light_steps,
     "none": _test_steps,
@@ -230,16 +233,23 @@ def build_transform(
     std: Sequence[float],
     train: bool,
     augment: str = "rrc_flip",
+    interpolation: str = "bilinear",
 ) -> Transform:
     """PIL RGB image -> normalised (3, image_size, image_size) float tensor.
 
     Test: Resize(resize_size) then CenterCrop(image_size), or a straight square resize when the
-    two sizes are equal. Train: the steps named by `augment` (a key of AUGMENTS).
+    two sizes are equal. Train: the steps named by `augment` (a key of AUGMENTS). Resizes use
+    `interpolation` (bilinear | bicubic | nearest | ...), the filter the weights were tuned with.
     """
     if augment not in AUGMENTS:
         raise KeyError(f"unknown augment {augment!r}; choices: {', '.join(AUGMENTS)}")
+    try:
+        mode = T.InterpolationMode(interpolation)
+    except ValueError:
+        choices = ", ".join(m.value for m in T.InterpolationMode)
+        raise KeyError(f"unknown interpolation {interpolation!r}; choices: {choices}") from None
     steps = AUGMENTS[augment] if train else _test_steps
-    return T.Compose([*steps(image_size, resize_size), *_tensor_tail(mean, std)])
+    return T.Compose([*steps(image_size, resize_size, mode), *_tensor_tail(mean, std)])
 
 
 # --------------------------------------------------------------------------- dataset

@@ -7,13 +7,16 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pactl.config import IndexConfig
+from pactl.config import IndexConfig, ModelConfig, from_dict
 from pactl.console import Reporter
 from pactl.errors import PactlError
+
+if TYPE_CHECKING:
+    from pactl.checkpoint import ModelSource
 
 
 def source_items(
@@ -40,7 +43,7 @@ def source_items(
 
 def embed_source(
     source: str,
-    checkpoint_path: Path,
+    model_from: ModelSource,
     out_dir: Path,
     split: str | None,
     device_name: str,
@@ -50,8 +53,9 @@ def embed_source(
     amp: str = "none",
     shard: str | None = None,
 ) -> dict[str, Any]:
-    """Embed a source into `out_dir`, or with `shard` ("i/n", "auto") one slice of it into
-    `out_dir/shards/<i>-of-<n>/`; ids are positions in the whole (sorted) input list."""
+    """Embed a source with a checkpoint or a backbone (`model_from`) into `out_dir`, or with
+    `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
+    in the whole (sorted) input list."""
     from pactl.embed import Shard, parse_shard
 
     files, labels = source_items(source, split, reporter)
@@ -66,7 +70,7 @@ def embed_source(
         files,
         labels,
         ids,
-        checkpoint_path,
+        model_from,
         out_dir,
         device_name,
         reporter,
@@ -132,7 +136,7 @@ def index_vectors(
     parts, meta = read_parts(vectors_dir)
     if meta["count"] == 0:
         raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
-    out = out or default_bundle_dir(Path(meta["checkpoint"]))
+    out = out or default_bundle_dir(meta.get("checkpoint"))
     dim = int(parts[0][0].shape[1])
     if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
         items = ItemTable.join([table for _, table in parts])
@@ -176,13 +180,16 @@ def add_to_index(
         shutil.rmtree(scratch)
     first = bundle.items.max_id() + 1
     ids = np.arange(first, first + len(new), dtype=np.int64)
-    checkpoint = Path(bundle.meta["checkpoint"])
+    recorded = bundle.meta.get("checkpoint")
+    model_from: ModelSource = (
+        Path(recorded) if recorded else from_dict(ModelConfig, bundle.meta["model_config"])
+    )
     del bundle  # release the index file before it is rewritten
     embed_source_files(
         [f for f, _ in new],
         [lab for _, lab in new],
         ids,
-        checkpoint,
+        model_from,
         scratch,
         device_name,
         reporter,
@@ -202,7 +209,7 @@ def embed_source_files(
     files: list[Path],
     labels: list[str],
     ids: np.ndarray,
-    checkpoint_path: Path,
+    model_from: ModelSource,
     out_dir: Path,
     device_name: str,
     reporter: Reporter,
@@ -210,17 +217,16 @@ def embed_source_files(
     batch_size: int = 128,
     amp: str = "none",
 ) -> dict[str, Any]:
-    """Embed `files` (with explicit `ids`) with the checkpoint's model into `out_dir`."""
-    from pactl.checkpoint import load_model
+    """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network."""
+    from pactl.checkpoint import open_network
     from pactl.embed import embed_to_folder, resolve_device
 
-    model, _, payload = load_model(checkpoint_path)
+    model, network = open_network(model_from)
     device = resolve_device(device_name)
     model.to(device)
     return embed_to_folder(
         model,
-        payload,
-        checkpoint_path,
+        network,
         files,
         labels,
         ids,
@@ -233,15 +239,17 @@ def embed_source_files(
     )
 
 
-def default_bundle_dir(checkpoint: Path) -> Path:
+def default_bundle_dir(checkpoint: str | Path | None) -> Path:
     """`runs/<run>/index` for a checkpoint inside a run folder, else `./index`."""
-    run = checkpoint.parent
+    if checkpoint is None:
+        return Path("index")
+    run = Path(checkpoint).parent
     return run / "index" if (run / "config.json").is_file() else Path("index")
 
 
 def index_images(
     source: str,
-    checkpoint_path: Path,
+    model_from: ModelSource,
     out: Path | None,
     split: str | None,
     config: IndexConfig,
@@ -249,12 +257,10 @@ def index_images(
     reporter: Reporter,
     workers: int = 0,
 ) -> tuple[Path, dict[str, Any]]:
-    """Embed `source` with the checkpoint, then index it, in one go."""
-    bundle = out or default_bundle_dir(checkpoint_path)
+    """Embed `source` with a checkpoint or a backbone, then index it, in one go."""
+    bundle = out or default_bundle_dir(model_from if isinstance(model_from, Path) else None)
     vectors_dir = bundle / "vectors"
-    embed_source(
-        source, checkpoint_path, vectors_dir, split, device_name, reporter, workers=workers
-    )
+    embed_source(source, model_from, vectors_dir, split, device_name, reporter, workers=workers)
     return index_vectors(vectors_dir, bundle, config, reporter)
 
 
@@ -299,22 +305,15 @@ def open_query_model(
     bundle_dir: Path, checkpoint: Path | None, device_name: str
 ) -> tuple[Any, Any, Any, Any]:
     """Load the bundle and its model once; refuse a model other than the bundle's."""
-    from pactl.checkpoint import load_model
+    from pactl.checkpoint import network_of
     from pactl.embed import resolve_device
     from pactl.index import load_bundle
 
     bundle = load_bundle(bundle_dir)
-    checkpoint = checkpoint or Path(bundle.meta["checkpoint"])
-    model, model_cfg, payload = load_model(checkpoint)
-    if payload["fingerprint"] != bundle.meta.get("fingerprint"):
-        raise PactlError(
-            f"{checkpoint} is not the model that built {bundle_dir} (weights fingerprint "
-            f"{payload['fingerprint'][:12]} vs {str(bundle.meta.get('fingerprint'))[:12]}); "
-            "query with the bundle's own checkpoint or rebuild the index"
-        )
+    model, network = network_of(bundle.meta, checkpoint)
     device = resolve_device(device_name)
     model.to(device)
-    return bundle, model, model_cfg, device
+    return bundle, model, network.config, device
 
 
 def query_chunks(
@@ -361,14 +360,15 @@ def _item_label(bundle: Any, item_id: int) -> str | None:
 
 def eval_checkpoint(
     source: str,
-    checkpoint_path: Path,
+    model_from: ModelSource,
     ks: tuple[int, ...],
     device_name: str,
     workers: int,
     reporter: Reporter,
 ) -> dict[str, float]:
-    """Recall@K, MAP@R, R-precision and NMI of a checkpoint on a dataset's test split."""
-    from pactl.checkpoint import load_model
+    """Recall@K, MAP@R, R-precision and NMI of a checkpoint's or a backbone's network on a
+    dataset's test split."""
+    from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
     from pactl.embed import resolve_device
@@ -378,8 +378,8 @@ def eval_checkpoint(
     evaluation = manifest.select(*manifest.eval_splits())
     if not len(evaluation):
         raise PactlError(f"{source} has no test split to evaluate on")
-    model, model_cfg, _ = load_model(checkpoint_path)
+    model, network = open_network(model_from)
     device = resolve_device(device_name)
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
-    return evaluate(model, evaluation, model_cfg, cfg, device, reporter, with_nmi=True)
+    return evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)

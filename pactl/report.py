@@ -9,7 +9,8 @@ from pactl.fsutil import atomic_path
 
 
 def plot_curves(metrics_csv: Path, out: Path) -> None:
-    """curves.png: training loss and Recall@1 per epoch."""
+    """curves.png: training loss, and Recall@1 per epoch from epoch 0 (before training) on, of
+    the test classes and of the validation classes when there are any."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,14 +20,20 @@ def plot_curves(metrics_csv: Path, out: Path) -> None:
         rows = list(csv.DictReader(f))
     if not rows:
         return
-    epochs = [int(r["epoch"]) for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    left.plot(epochs, [float(r["loss"]) for r in rows], marker="o")
+    trained = [(int(r["epoch"]), float(r["loss"])) for r in rows if r.get("loss")]
+    if trained:
+        left.plot(*zip(*trained, strict=True), marker="o")
     left.set(title="training loss", xlabel="epoch")
-    evaluated = [(int(r["epoch"]), float(r["recall@1"])) for r in rows if r.get("recall@1")]
-    if evaluated:
-        right.plot(*zip(*evaluated, strict=True), marker="o", color="tab:green")
-    right.set(title="Recall@1 (test classes)", xlabel="epoch", ylim=(0, 1))
+    for key, label, colour in (
+        ("recall@1", "test classes", "tab:green"),
+        ("val_recall@1", "validation classes", "tab:blue"),
+    ):
+        evaluated = [(int(r["epoch"]), float(r[key])) for r in rows if r.get(key)]
+        if evaluated:
+            right.plot(*zip(*evaluated, strict=True), marker="o", color=colour, label=label)
+    right.set(title="Recall@1 (epoch 0: before training)", xlabel="epoch", ylim=(0, 1))
+    right.legend(loc="lower right")
     fig.tight_layout()
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format="png", dpi=100)

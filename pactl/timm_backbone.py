@@ -14,11 +14,12 @@ layouts timm models return are brought to that shape:
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
 import torch
 from torch import nn
 
-from pactl.backbones import Backbone
+from pactl.backbones import Backbone, load_weights_file
 from pactl.errors import PactlError
 
 
@@ -41,8 +42,9 @@ class FeatureMap(nn.Module):
         raise ValueError(f"timm model returned a {x.dim()}-d output of shape {tuple(x.shape)}")
 
 
-def build_timm(name: str, pretrained: bool) -> Backbone:
-    """timm model `name` as a feature extractor, with the normalisation its weights expect."""
+def build_timm(name: str, weights: str) -> Backbone:
+    """timm model `name` as a feature extractor, with `weights` none | imagenet (timm's
+    default pretrained tag) | a state_dict PATH, and the preprocessing its weights expect."""
     try:
         import timm
     except ImportError:
@@ -54,16 +56,37 @@ def build_timm(name: str, pretrained: bool) -> Backbone:
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise PactlError(f"timm has no model {name!r}{hint}; see timm.list_models()")
     try:
-        model = timm.create_model(name, pretrained=pretrained, num_classes=0, global_pool="")
+        model = timm.create_model(
+            name, pretrained=weights == "imagenet", num_classes=0, global_pool=""
+        )
     except OSError as e:  # what the download raises offline or on a missing file
-        raise PactlError(f"cannot fetch the weights of timm model {name}: {e}") from None
+        where = _weights_page(timm, name)
+        raise PactlError(
+            f"cannot fetch the ImageNet weights of timm:{name} ({str(e).splitlines()[0][:100]}): "
+            f"download them by hand{where} and pass --weights PATH, or use --weights none"
+        ) from None
     except (AssertionError, RuntimeError, ValueError) as e:  # timm checks options by assert
         raise PactlError(f"timm cannot build {name} without its classifier: {e}") from None
+    load_weights_file(model, weights)
     config = timm.data.resolve_data_config({}, model=model)
     module = FeatureMap(model)
-    mean = tuple(float(v) for v in config["mean"])
-    std = tuple(float(v) for v in config["std"])
-    return Backbone(module, _channels(module, config["input_size"]), mean, std)
+    return Backbone(
+        module,
+        _channels(module, config["input_size"]),
+        tuple(float(v) for v in config["mean"]),
+        tuple(float(v) for v in config["std"]),
+        interpolation=str(config.get("interpolation", "bilinear")),
+        crop_pct=float(config.get("crop_pct", 0.875)),
+    )
+
+
+def _weights_page(timm: Any, name: str) -> str:
+    """' (from <url>)' for the model's default pretrained file, when timm names one."""
+    cfg = timm.models.get_pretrained_cfg(name) or {}
+    cfg = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    if cfg.get("hf_hub_id"):
+        return f" (from https://huggingface.co/{cfg['hf_hub_id']})"
+    return f" (from {cfg['url']})" if cfg.get("url") else ""
 
 
 def _channels(module: FeatureMap, input_size: tuple[int, int, int]) -> int:

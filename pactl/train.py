@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import shutil
@@ -36,6 +37,7 @@ class TrainResult:
     best_epoch: int
     best_metrics: dict[str, float]
     last_metrics: dict[str, float]
+    selection: str  # val | test | last: what chose best_epoch
 
 
 @dataclass
@@ -114,6 +116,9 @@ def build_trainer(
         optimizer, step_size=max(cfg.lr_decay_step, 1), gamma=cfg.lr_decay_gamma
     )
     model: nn.Module = net
+    if world.enabled and cfg.sync_bn:
+        # Each GPU sees its share of the batch: BatchNorm that trains should see all of it.
+        net.backbone = nn.SyncBatchNorm.convert_sync_batchnorm(net.backbone)
     if world.enabled:
         ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(
@@ -255,6 +260,7 @@ def evaluate(
             amp=cfg.amp,
             channels_last=cfg.channels_last,
             prepare=prepare,
+            draft=False,
         )
         if done.failed:
             reporter.log(f"evaluation skipped {len(done.failed)} unreadable {split} images")
@@ -263,13 +269,38 @@ def evaluate(
     if manifest.eval_splits() == ("query", "gallery"):
         q, ql = vectors("query")
         g, gl = vectors("gallery")
-        return metrics.evaluate(q, ql, cfg.eval_ks, g, gl, with_nmi=with_nmi, seed=cfg.seed)
-    v, vl = vectors("test")
-    return metrics.evaluate(v, vl, cfg.eval_ks, with_nmi=with_nmi, seed=cfg.seed)
+        scores = metrics.evaluate(q, ql, cfg.eval_ks, g, gl, with_nmi=with_nmi, seed=cfg.seed)
+        return {**scores, "mean_cos": mean_pairwise_cosine(g)}
+    split = "val" if manifest.has_split("val") else "test"
+    v, vl = vectors(split)
+    scores = metrics.evaluate(v, vl, cfg.eval_ks, with_nmi=with_nmi, seed=cfg.seed)
+    return {**scores, "mean_cos": mean_pairwise_cosine(v)}
 
 
-def check_splits(manifest: Manifest, cfg: TrainConfig) -> tuple[Manifest, Manifest]:
+def mean_pairwise_cosine(vectors: np.ndarray) -> float:
+    """Mean cosine over all pairs i != j of unit rows, in O(N D): (|sum v|^2 - N) / (N (N - 1)).
+    Near 1 means every image maps to about the same point (a collapsed embedding)."""
+    n = len(vectors)
+    if n < 2:
+        return float("nan")
+    total = np.asarray(vectors, dtype=np.float64).sum(axis=0)
+    return float((total @ total - n) / (n * (n - 1)))
+
+
+@dataclass
+class Splits:
+    train: Manifest
+    val: Manifest  # validation classes (may be empty): they choose best.pt
+    test: Manifest  # test, or query + gallery
+
+
+def check_splits(manifest: Manifest, cfg: TrainConfig) -> Splits:
+    """Train, validation and test parts; without a `val` split in the manifest, a share
+    (cfg.val_classes) of the train classes is held out as validation classes."""
     train = manifest.select("train")
+    val = manifest.select("val")
+    if not len(val) and cfg.val_classes > 0:
+        train, val = hold_out_classes(train, cfg.val_classes, cfg.seed)
     evaluation = manifest.select(*manifest.eval_splits())
     if len(np.unique(train.labels)) < 2:
         raise PactlError(f"{manifest.source}: the train split needs at least 2 classes")
@@ -279,12 +310,43 @@ def check_splits(manifest: Manifest, cfg: TrainConfig) -> tuple[Manifest, Manife
         raise PactlError(
             f"--batch-size {cfg.batch_size} is larger than the train split ({len(train)} images)"
         )
-    return train, evaluation
+    return Splits(train, val, evaluation)
 
 
-def metric_columns(cfg: TrainConfig) -> list[str]:
+def hold_out_classes(train: Manifest, share: float, seed: int) -> tuple[Manifest, Manifest]:
+    """(train, val): round(share x classes) train classes, drawn with `seed`, become val.
+
+    At least 2 classes on each side, or nothing is held out (val empty): Recall on one class
+    is always 1, and the loss needs 2 classes to learn from.
+    """
+    classes = np.unique(train.labels)
+    count = max(2, round(share * len(classes)))
+    if len(classes) - count < 2:
+        return train, train.subset([])
+    rng = np.random.default_rng(seed)
+    held = set(rng.choice(classes, size=count, replace=False).tolist())
+    is_val = np.array([int(label) in held for label in train.labels])
+    val = train.subset(np.flatnonzero(is_val).tolist())
+    val = dataclasses.replace(val, splits=("val",) * len(val))
+    return train.subset(np.flatnonzero(~is_val).tolist()), val
+
+
+def metric_columns(cfg: TrainConfig, with_val: bool) -> list[str]:
+    """Test metrics under their own names, validation ones prefixed with val_."""
     recalls = [f"recall@{k}" for k in cfg.eval_ks]
-    return ["epoch", "loss", "lr", *recalls, "map@r", "r_precision", "nmi", "seconds"]
+    val = [f"val_{c}" for c in (*recalls, "map@r")] if with_val else []
+    return [
+        "epoch",
+        "loss",
+        "lr",
+        *recalls,
+        "map@r",
+        "r_precision",
+        "nmi",
+        *val,
+        "mean_cos",
+        "seconds",
+    ]
 
 
 def append_metrics(path: Path, columns: list[str], row: dict[str, Any]) -> None:
@@ -344,6 +406,7 @@ def save_state(
         scaler=t.scaler.state_dict(),
         rng={"torch": torch.get_rng_state()},
         best=state["best"],
+        start=state["start"],
     )
     ckpt.save(run_dir / "checkpoint.pt", payload)
 
@@ -358,7 +421,8 @@ def restore_state(t: Trainer, run_dir: Path) -> tuple[int, dict[str, Any]]:
     t.scheduler.load_state_dict(payload["scheduler"])
     t.scaler.load_state_dict(payload["scaler"])
     torch.set_rng_state(payload["rng"]["torch"])
-    return int(payload["epoch"]), {"best": payload["best"], "last": payload["metrics"]}
+    state = {"best": payload["best"], "last": payload["metrics"], "start": payload.get("start", {})}
+    return int(payload["epoch"]), state
 
 
 def fit(
@@ -370,20 +434,27 @@ def fit(
     reporter: Reporter,
     resume: bool = False,
 ) -> TrainResult:
-    """Train on the train split, evaluate on the test split each epoch, keep the best export."""
+    """Train on the train split; evaluate before the first step (epoch 0) and after each epoch
+    on the validation classes (which choose best.pt) and the test classes."""
     world = init_world(cfg.device)
     if cfg.batch_size % world.size:
         raise PactlError(
             f"--batch-size {cfg.batch_size} is not divisible by {world.size} processes"
         )
-    train, evaluation = check_splits(manifest, cfg)
+    cfg = resolve_train_config(model_cfg, cfg, world)
+    splits = check_splits(manifest, cfg)
+    if cfg.selection == "val" and not len(splits.val):
+        reporter.log("too few train classes to hold out validation ones: best.pt is the last epoch")
+        cfg = dataclasses.replace(cfg, selection="last")
     reporter.log(f"training on {manifest.source} -> {run_dir}")
-    classes_present = np.unique(train.labels)
-    labels = np.searchsorted(classes_present, train.labels)  # 0..C-1 for the proxies
+    reporter.log(describe_recipe(model_cfg, cfg, splits))
+    classes_present = np.unique(splits.train.labels)
+    labels = np.searchsorted(classes_present, splits.train.labels)  # 0..C-1 for the proxies
     classes = [str(c) for c in classes_present.tolist()]
     t = build_trainer(model_cfg, cfg, len(classes_present), world)
-    state: dict[str, Any] = {"best": {"epoch": 0, "metrics": {}}, "last": {}}
+    state: dict[str, Any] = {"best": {"epoch": -1, "metrics": {}}, "last": {}, "start": {}}
     start = 0
+    columns = metric_columns(cfg, with_val=len(splits.val) > 0)
     if resume:
         start, state = restore_state(t, run_dir)
         truncate_metrics(run_dir / "metrics.csv", start)
@@ -391,17 +462,27 @@ def fit(
     elif world.is_main:
         info = run_config(source, manifest, t.model_cfg, cfg, classes)
         atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
-    columns = metric_columns(cfg)
+    if not resume:  # epoch 0: the start every later epoch is compared with
+        began = time.perf_counter()
+        row: dict[str, Any] = {"epoch": 0}
+        if world.is_main:
+            row.update(evaluate_epoch(t, splits, reporter, nmi=True))
+        row["seconds"] = time.perf_counter() - began
+        estimate = estimate_epoch(t, splits.train, len(classes), row["seconds"])
+        if world.is_main:
+            state["start"] = state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
+            record_epoch(t, run_dir, row, columns, classes, state, reporter)
+            reporter.log(f"about {estimate} per epoch (one timed step, and evaluation)")
+        barrier(world)
     for epoch in range(start, cfg.epochs):
         began = time.perf_counter()
         lr = t.optimizer.param_groups[0]["lr"]
-        loss = train_one_epoch(t, train_loader(train, labels, t, epoch), epoch, reporter)
-        row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss, "lr": lr}
+        loss = train_one_epoch(t, train_loader(splits.train, labels, t, epoch), epoch, reporter)
+        row = {"epoch": epoch + 1, "loss": loss, "lr": lr}
         last = epoch + 1 == cfg.epochs
         if world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):
-            nmi = last or len(np.unique(evaluation.labels)) <= 1000
-            scores = evaluate(t.net, evaluation, t.model_cfg, cfg, t.device, reporter, nmi, False)
-            row.update(scores)
+            nmi = last or len(np.unique(splits.test.labels)) <= 1000
+            row.update(evaluate_epoch(t, splits, reporter, nmi))
         row["seconds"] = time.perf_counter() - began
         if world.is_main:
             state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
@@ -412,7 +493,92 @@ def fit(
 
         plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
     best = state["best"]
-    return TrainResult(run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]))
+    return TrainResult(
+        run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection
+    )
+
+
+def resolve_train_config(model_cfg: ModelConfig, cfg: TrainConfig, world: World) -> TrainConfig:
+    """Settings left to pactl (None) made concrete: BatchNorm frozen only for pretrained weights
+    (random statistics never become right if they cannot move); SyncBatchNorm across GPUs when
+    BatchNorm trains under torchrun."""
+    freeze = cfg.freeze_bn if cfg.freeze_bn is not None else model_cfg.weights != "none"
+    sync = cfg.sync_bn
+    if sync is None:
+        sync = world.enabled and not freeze and resolve_device(cfg.device).type == "cuda"
+    return dataclasses.replace(cfg, freeze_bn=freeze, sync_bn=sync)
+
+
+def describe_recipe(model_cfg: ModelConfig, cfg: TrainConfig, splits: Splits) -> str:
+    """The resolved recipe in one line."""
+    bn = "frozen" if cfg.freeze_bn else "synced" if cfg.sync_bn else "training"
+    amp = "" if cfg.amp == "none" else f", amp {cfg.amp}"
+    size = f"{model_cfg.image_size} px"
+    parts = [
+        f"recipe: {model_cfg.backbone} ({model_cfg.weights} weights) at {size}",
+        f"dim {model_cfg.embedding_dim}, {cfg.epochs} epochs of batch {cfg.batch_size}",
+        f"lr {cfg.lr:g} (x{cfg.proxy_lr_mult:g} proxies), BatchNorm {bn}{amp}",
+        f"{_count(splits.train)} train, {_count(splits.val)} val, {_count(splits.test)} test",
+        f"best.pt chosen by {_SELECTION[cfg.selection]}",
+    ]
+    return "; ".join(parts)
+
+
+_SELECTION = {
+    "val": "validation Recall@1",
+    "test": "test Recall@1 (the paper's protocol)",
+    "last": "the last epoch",
+}
+
+
+def _count(part: Manifest) -> str:
+    return f"{len(part)} images / {len(np.unique(part.labels))} classes"
+
+
+def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) -> dict[str, float]:
+    """Test metrics, and validation ones prefixed with val_."""
+    scores = evaluate(t.net, splits.test, t.model_cfg, t.cfg, t.device, reporter, nmi, False)
+    if len(splits.val):
+        val = evaluate(t.net, splits.val, t.model_cfg, t.cfg, t.device, reporter, False, False)
+        scores.update({f"val_{k}": v for k, v in val.items() if k != "mean_cos"})
+    return scores
+
+
+def estimate_epoch(t: Trainer, train: Manifest, num_classes: int, eval_seconds: float) -> str:
+    """A training epoch's duration from one timed step (forward and backward on a batch of
+    training images; BatchNorm statistics restored, no optimiser step) plus evaluation."""
+    files = train.files()[: t.cfg.batch_size // t.world.size]
+    batch = next(iter(loader_for(files, None, t.model_cfg, len(files), 0, t.device)))
+    if len(batch.indices) < 2:
+        return "? s"
+    buffers = {k: v.clone() for k, v in t.net.named_buffers()}
+    images = batch.images.to(t.device)
+    labels = torch.arange(len(images), device=t.device) % num_classes
+    if t.cfg.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    t.net.train()  # the bare network: no DDP collective on a step only this process takes
+    if t.cfg.freeze_bn:
+        freeze_batchnorm(t.net.backbone)
+    began = time.perf_counter()
+    with autocast(t.device, t.cfg.amp):
+        embeddings = t.net(images)
+    t.criterion(embeddings, labels).backward()
+    step = time.perf_counter() - began
+    t.optimizer.zero_grad(set_to_none=True)
+    t.criterion.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for name, value in t.net.named_buffers():
+            value.copy_(buffers[name])
+    steps = len(train) // t.cfg.batch_size
+    return _duration(steps * step + eval_seconds)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def record_epoch(
@@ -424,21 +590,50 @@ def record_epoch(
     state: dict[str, Any],
     reporter: Reporter,
 ) -> None:
-    """metrics.csv row, best.pt when Recall@1 improved, then checkpoint.pt (last: it commits)."""
+    """metrics.csv row, best.pt when the selection metric improved, then checkpoint.pt (last:
+    it commits; not for epoch 0, which resumes by starting again)."""
     epoch = row["epoch"]
     append_metrics(run_dir / "metrics.csv", columns, row)
-    recall = row.get("recall@1")
     shown = ", ".join(f"{k} {row[k]:.4f}" for k in columns[1:] if isinstance(row.get(k), float))
     reporter.log(f"epoch {epoch}/{t.cfg.epochs}: {shown}")
-    best_recall = state["best"]["metrics"].get("recall@1", -1.0)
-    if recall is not None and recall > best_recall:
-        state["best"] = {"epoch": epoch, "metrics": state["last"]}
+    for warning in health_warnings(row, state["start"]):
+        reporter.warn(f"epoch {epoch}: {warning}")
+    key = {"val": "val_recall@1", "test": "recall@1"}.get(t.cfg.selection)
+    score = row.get(key) if key else float(epoch)
+    if score is not None and score > state["best"].get("score", -1.0):
+        state["best"] = {"epoch": epoch, "metrics": state["last"], "score": float(score)}
         weights = ckpt.clean_state_dict(t.model)
         ckpt.save(
             run_dir / "best.pt",
             ckpt.export_payload(weights, t.model_cfg, classes, epoch, state["last"]),
         )
-    save_state(t, run_dir, epoch, classes, state)
+    if epoch > 0:
+        save_state(t, run_dir, epoch, classes, state)
+
+
+# A Recall@1 below this share of the epoch-0 value, or a mean pairwise cosine above this, is
+# reported: training has made the embedding worse than its start, or mapped all images together.
+RECALL_DROP = 0.5
+COLLAPSED_COSINE = 0.9
+
+
+def health_warnings(row: dict[str, Any], start: dict[str, Any]) -> list[str]:
+    warnings = []
+    for key in ("val_recall@1", "recall@1"):
+        now, then = row.get(key), start.get(key)
+        if row["epoch"] > 0 and now is not None and then and now < RECALL_DROP * then:
+            warnings.append(
+                f"{key} fell to {now:.4f} from {then:.4f} before training: lower --lr, or "
+                "check --freeze-bn and --weights"
+            )
+            break
+    cosine = row.get("mean_cos")
+    if cosine is not None and cosine > COLLAPSED_COSINE:
+        warnings.append(
+            f"the embeddings have collapsed (mean pairwise cosine {cosine:.3f}): "
+            "every image maps to nearly the same point"
+        )
+    return warnings
 
 
 def latest_run(runs: Path) -> Path:

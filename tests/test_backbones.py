@@ -224,33 +224,41 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     httpd.server_close()
 
 
-def _publish(root: Path, state: dict[str, torch.Tensor], prefix: str | None = None) -> str:
-    """Save `state` as bn_inception-<sha256 prefix>.pth under `root`; returns the file name."""
+def _publish(root: Path, state: dict[str, torch.Tensor]) -> tuple[str, str]:
+    """Save `state` as bn_inception-<sha256 prefix>.pth under `root`: (file name, sha256)."""
     tmp = root / "upload.pth"
     # The published file predates torch's zip format.
     torch.save(state, tmp, _use_new_zipfile_serialization=False)
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    name = f"bn_inception-{prefix or digest[:9]}.pth"
+    name = f"bn_inception-{digest[:9]}.pth"
     tmp.rename(root / name)
-    return name
+    return name, digest
 
 
-def test_imagenet_weights_download_once_and_load_strictly(
+def _dead_url(name: str) -> str:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}/{name}"
+
+
+def test_imagenet_weights_come_from_the_first_address_that_serves_them(
     hub: Path, server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base, root = server
     published = _published_layout(BNInception())
-    name = _publish(root, published)
-    monkeypatch.setattr(bn_inception, "WEIGHTS_URL", f"{base}/{name}")
+    name, digest = _publish(root, published)
+    # The official address is down; the mirror behind it serves the file.
+    monkeypatch.setattr(bn_inception, "WEIGHTS_URLS", (_dead_url(name), f"{base}/{name}"))
+    monkeypatch.setattr(bn_inception, "WEIGHTS_SHA256", digest)
     backbone = build_backbone("bn_inception", "imagenet")
-    assert (hub / name).is_file()
     assert [p.name for p in hub.iterdir()] == [name]  # no partial download left behind
     state = backbone.module.state_dict()
     for key, want in published.items():
         if not key.startswith("last_linear."):
             assert torch.equal(state[key], want), key
     (root / name).unlink()  # from now on only the cache can answer
-    again = bn_inception.imagenet_state_dict(f"{base}/{name}")
+    again = bn_inception.imagenet_state_dict((f"{base}/{name}",), digest)
     assert set(again) == set(published) - set(CLASSIFIER)
 
 
@@ -258,27 +266,98 @@ def test_imagenet_weights_with_a_wrong_checksum_are_refused(
     hub: Path, server: tuple[str, Path]
 ) -> None:
     base, root = server
-    name = _publish(root, _published_layout(BNInception()), prefix="0123456789")
-    with pytest.raises(PactlError, match="corrupt"):
-        bn_inception.imagenet_state_dict(f"{base}/{name}")
+    name, digest = _publish(root, _published_layout(BNInception()))
+    other = digest[:-1] + ("0" if digest[-1] != "0" else "1")  # the prefix alone would pass
+    with pytest.raises(PactlError, match="wrong checksum"):
+        bn_inception.imagenet_state_dict((f"{base}/{name}",), other)
     assert not hub.exists() or not any(hub.iterdir())
     hub.mkdir(parents=True, exist_ok=True)
     (hub / name).write_bytes(b"not the published file")  # put there by hand
     with pytest.raises(PactlError, match="not the published BN-Inception file"):
-        bn_inception.imagenet_state_dict(f"{base}/{name}")
+        bn_inception.imagenet_state_dict((f"{base}/{name}",), digest)
 
 
 def test_imagenet_weights_offline_say_what_to_do(hub: Path) -> None:
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/bn_inception-52deb4733.pth"
+    url = _dead_url("bn_inception-52deb4733.pth")
     with pytest.raises(PactlError) as info:
-        bn_inception.imagenet_state_dict(url)
+        bn_inception.imagenet_state_dict((url,), bn_inception.WEIGHTS_SHA256)
     message = str(info.value)
-    assert f"cannot download BN-Inception weights from {url}" in message
+    assert message.startswith("cannot download the BN-Inception weights (127.0.0.1")
     assert str(hub / "bn_inception-52deb4733.pth") in message
-    assert "--weights none" in message
+    assert "--weights none|PATH" in message
+    assert "\n" not in message
+
+
+def test_bn_inception_batchnorm_stored_as_1_by_c_loads(tmp_path: Path) -> None:
+    """Some copies of the Caffe conversion keep BatchNorm tensors as (1, C); the official
+    training code squeezes them."""
+    published = _published_layout(BNInception())
+    wide = {k: v.unsqueeze(0) if "_bn." in k and v.dim() == 1 else v for k, v in published.items()}
+    assert wide["conv1_7x7_s2_bn.running_var"].shape == (1, 64)
+    path = tmp_path / "wide.pth"
+    torch.save(wide, path)
+    state = build_backbone("bn_inception", str(path)).module.state_dict()
+    assert torch.equal(
+        state["conv1_7x7_s2_bn.running_var"], published["conv1_7x7_s2_bn.running_var"]
+    )
+    assert torch.equal(state["inception_5b_1x1.weight"], published["inception_5b_1x1.weight"])
+
+
+def test_a_weights_file_must_fit_every_backbone_key(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    full = build_backbone("small", "none").module.state_dict()
+    cases = {
+        "lacks backbone weights: 3.weight": {k: v for k, v in full.items() if k != "3.weight"},
+        "does not have: extra.weight": full | {"extra.weight": torch.zeros(1)},
+        r"another shape: 0.weight \(16, 3, 5, 5\)": full | {"0.weight": torch.zeros(16, 3, 5, 5)},
+        "shares": {},  # nothing in common: the first missing key is named
+    }
+    for match, state in cases.items():
+        path = tmp_path / "w.pt"
+        torch.save(state, path)
+        with pytest.raises(PactlError, match=match if match != "shares" else "lacks"):
+            build_backbone("small", str(path))
+    # A classifier the embedding does not use may come along; DDP's prefix is taken off.
+    path = tmp_path / "ok.pt"
+    torch.save(
+        {
+            "state_dict": {f"module.{k}": v for k, v in full.items()}
+            | {"module.fc.weight": torch.zeros(3, 128)}
+        },
+        path,
+    )
+    loaded = build_backbone("small", str(path)).module.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in full.items())
+
+
+def test_torchvision_weights_file_loads_before_the_classifier_is_cut(tmp_path: Path) -> None:
+    """A file saved from the whole torchvision classifier (fc included) fills the body."""
+    import torchvision
+
+    torch.manual_seed(3)
+    net = torchvision.models.resnet18(weights=None)
+    path = tmp_path / "resnet18.pth"
+    torch.save(net.state_dict(), path)
+    body = build_backbone("resnet18", str(path)).module
+    assert torch.equal(body.state_dict()["0.weight"], net.conv1.weight)
+    assert torch.equal(body.state_dict()["4.1.bn2.running_var"], net.layer1[1].bn2.running_var)
+
+
+def test_a_failed_torchvision_download_is_one_line(
+    hub: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import urllib.error
+
+    def offline(*args: object, **kwargs: object) -> None:
+        raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
+    with pytest.raises(PactlError) as info:
+        build_backbone("resnet18", "imagenet")
+    message = str(info.value)
+    assert message.startswith("cannot download the resnet18 ImageNet weights (")
+    assert "resnet18-" in message and str(hub) in message and "--weights none|PATH" in message
+    assert "\n" not in message
 
 
 # --- timm ---------------------------------------------------------------------------------
@@ -324,7 +403,7 @@ def test_timm_backbone(name: str) -> None:
     if not timm.is_model(name):
         pytest.skip(f"this timm has no {name}")
     torch.manual_seed(0)
-    backbone = build_timm(name, False)
+    backbone = build_timm(name, "none")
     module = backbone.module.eval()
     reference = timm.create_model(name, pretrained=False).eval()
     side = reference.pretrained_cfg["input_size"][-1]
@@ -334,7 +413,45 @@ def test_timm_backbone(name: str) -> None:
     assert backbone.feat_dim == reference.num_features
     assert backbone.mean == tuple(reference.pretrained_cfg["mean"])
     assert backbone.std == tuple(reference.pretrained_cfg["std"])
+    assert backbone.interpolation == reference.pretrained_cfg["interpolation"]
+    assert backbone.crop_pct == reference.pretrained_cfg["crop_pct"]
     assert module.training is False
+
+
+def test_timm_weights_file_loads_and_changes_the_output(tmp_path: Path) -> None:
+    """--weights PATH for timm:<name>: a file of the whole classifier (as timm saves it)."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(5)
+    source = timm.create_model("test_resnet", pretrained=False).eval()
+    for name, p in source.named_parameters():  # weights no random initialisation would give
+        p.data.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    path = tmp_path / "weights.pth"
+    torch.save(source.state_dict(), path)
+    assert "fc.weight" in source.state_dict()  # the classifier travels in the file
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(6)
+    loaded = build_backbone("timm:test_resnet", str(path)).module.eval()
+    torch.manual_seed(6)
+    fresh = build_backbone("timm:test_resnet", "none").module.eval()
+    with torch.no_grad():
+        want = source.forward_features(images)
+        torch.testing.assert_close(loaded(images), want)
+        assert not torch.allclose(fresh(images), want, atol=1e-3)
+    torch.save({k: v for k, v in source.state_dict().items() if k != "conv1.0.weight"}, path)
+    with pytest.raises(PactlError, match="lacks backbone weights: conv1.0.weight"):
+        build_backbone("timm:test_resnet", str(path))
+
+
+def test_timm_preprocessing_reaches_the_model_config() -> None:
+    """resize = crop / crop fraction and the weights' filter, from timm's data config."""
+    from pactl.config import ModelConfig
+    from pactl.model import build_model
+
+    config = ModelConfig(backbone="timm:efficientnet_lite0", weights="none", image_size=128)
+    _, resolved = build_model(config)
+    assert resolved.interpolation == "bicubic"
+    assert resolved.resize_size == round(128 / 0.875)
+    assert resolved.dimension == 512
 
 
 def test_timm_unknown_model_suggests_names() -> None:

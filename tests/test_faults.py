@@ -66,7 +66,7 @@ def test_sigkill_during_training_then_resume(tmp_path: Path) -> None:
     if done:
         assert f"after epoch {done}".encode() in err  # resumed from the last finished epoch
     rows = read_csv(run / "metrics.csv")
-    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3, 4, 5, 6]
     assert ckpt.load(run / "checkpoint.pt")["epoch"] == 6
     assert ckpt.load(run / "best.pt")["kind"] == "export"
 

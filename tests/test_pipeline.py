@@ -124,7 +124,7 @@ def test_query_with_another_model_is_refused(
         capsys,
     )
     assert code == 1 and out == ""
-    assert "is not the model that built" in err
+    assert "is not the network that made these vectors" in err
 
 
 def test_embed_then_index_a_plain_folder(

@@ -29,7 +29,8 @@ def test_digits_learns_unseen_classes(
     for name in ("checkpoint.pt", "best.pt", "config.json", "metrics.csv", "curves.png"):
         assert (run / name).is_file(), name
     rows = read_metrics(run)
-    assert [int(r["epoch"]) for r in rows] == [1, 2, 3]
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]  # 0: evaluated before any step
+    assert rows[0]["loss"] == "" and rows[0]["recall@1"] != ""
     for column in (
         "loss",
         "lr",
@@ -43,11 +44,13 @@ def test_digits_learns_unseen_classes(
         assert rows[-1][column] != ""
     # Retrieval of digits 5-9, never seen in training, against the same network untrained.
     before = untrained_digits_metrics()
+    start = {k: float(v) for k, v in rows[0].items() if k in before}
+    assert start == pytest.approx(before, abs=1e-6)  # epoch 0 is the untrained network
     after = {k: float(v) for k, v in rows[-1].items() if k in before}
     assert after["recall@1"] >= 0.90
     assert after["recall@1"] >= before["recall@1"] + 0.03, (before, after)
     assert after["map@r"] >= before["map@r"] + 0.10, (before, after)
-    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+    assert float(rows[-1]["loss"]) < float(rows[1]["loss"])
     best = ckpt.load(run / "best.pt")
     assert best["kind"] == "export" and "optimizer" not in best
     assert best["fingerprint"] == ckpt.fingerprint(best["model"])

@@ -13,7 +13,7 @@ import numpy as np
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text
 
-SPLITS = ("train", "test", "query", "gallery")
+SPLITS = ("train", "val", "test", "query", "gallery")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
 
 
