@@ -1,0 +1,282 @@
+"""Honest learning: epoch 0, validation classes choosing best.pt, no silent collapse, and the
+pretrained baseline (`--backbone` instead of `--checkpoint`) against an independent reference."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY, make_class_folder, run_cli
+
+from pactl import checkpoint as ckpt
+from pactl.config import TrainConfig
+from pactl.datasets import manifest_from_folder
+from pactl.train import check_splits, health_warnings, hold_out_classes, mean_pairwise_cosine
+
+
+def read_metrics(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --- validation classes -------------------------------------------------------------------
+
+
+def test_validation_classes_are_disjoint_from_train_and_test(tmp_path: Path) -> None:
+    manifest = manifest_from_folder(make_class_folder(tmp_path / "imgs", classes=20, per_class=2))
+    splits = check_splits(manifest, TrainConfig(batch_size=4, val_classes=0.2))
+    train, val, test = (set(p.labels.tolist()) for p in (splits.train, splits.val, splits.test))
+    assert len(train) + len(val) == 10 and len(test) == 10  # folders: half the classes test
+    assert len(val) == 2  # 0.2 x 10 train classes
+    assert not train & val and not train & test and not val & test
+    assert set(splits.val.splits) == {"val"}
+    again = check_splits(manifest, TrainConfig(batch_size=4, val_classes=0.2))
+    assert set(again.val.labels.tolist()) == val  # seeded: the same classes every time
+    other = check_splits(manifest, TrainConfig(batch_size=4, val_classes=0.2, seed=7))
+    assert set(other.val.labels.tolist()) != val or len(val) == 10
+
+
+def test_a_manifest_val_split_is_used_as_it_is(tmp_path: Path) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=2)
+    rows = ["path,label,split"]
+    for c, split in enumerate(["train", "train", "val", "val", "test", "test"]):
+        rows += [f"imgs/class_{c}/{n}.png,{c},{split}" for n in range(2)]
+    (tmp_path / "m.csv").write_text("\n".join(rows) + "\n")
+    from pactl.datasets import read_manifest
+
+    splits = check_splits(read_manifest(tmp_path / "m.csv"), TrainConfig(batch_size=2))
+    assert set(splits.val.labels.tolist()) == {2, 3} and set(splits.train.labels.tolist()) == {0, 1}
+
+
+def test_too_few_classes_hold_nothing_out(tmp_path: Path) -> None:
+    manifest = manifest_from_folder(make_class_folder(tmp_path / "imgs", classes=6, per_class=2))
+    train = manifest.select("train")  # 3 classes: 2 held out would leave 1 to learn from
+    kept, val = hold_out_classes(train, 0.15, seed=0)
+    assert len(kept) == len(train) and len(val) == 0
+
+
+def test_validation_chooses_best_pt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=16, per_class=4)
+    args = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "3", "--name", "v"]
+    code, out, err = run_cli([*args, "--lr", "3e-2"], monkeypatch, capsys)
+    assert code == 0, err
+    run = tmp_path / "runs" / "v"
+    rows = read_metrics(run)
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
+    assert {"val_recall@1", "val_map@r", "recall@1", "mean_cos"} <= set(rows[0])
+    val = [float(r["val_recall@1"]) for r in rows]
+    chosen = int(np.argmax(val))  # the first epoch with the best validation Recall@1
+    best = ckpt.load(run / "best.pt")
+    assert best["epoch"] == chosen
+    assert best["metrics"]["val_recall@1"] == pytest.approx(val[chosen], abs=1e-5)
+    assert f"best epoch {chosen} (by validation Recall@1)" in out
+    assert "recipe: small (none weights) at 16 px" in err
+    assert "best.pt chosen by validation Recall@1" in err and "per epoch" in err
+    config = json.loads((run / "config.json").read_text())
+    assert config["train_config"]["selection"] == "val"
+
+
+def test_paper_presets_keep_the_paper_protocol(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("cub200", "cars196", "sop", "inshop"):
+        code, out, _ = run_cli(["train", name, "--print-config"], monkeypatch, capsys)
+        shown = json.loads(out)["train"]
+        assert code == 0
+        assert (shown["selection"], shown["val_classes"], shown["epochs"]) == ("test", 0.0, 60)
+        assert shown["amp"] == "none"  # the paper trains in float32
+
+
+def test_user_data_on_a_cpu_gets_the_cpu_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    code, out, _ = run_cli(["train", str(tmp_path / "imgs"), "--print-config"], monkeypatch, capsys)
+    shown = json.loads(out)
+    assert code == 0
+    assert shown["model"]["backbone"] == "timm:efficientnet_lite0"
+    assert shown["model"]["image_size"] == 128 and shown["model"]["resize_size"] == 146
+    assert shown["model"]["interpolation"] == "bicubic"  # the weights' own filter
+    assert shown["train"]["selection"] == "val" and shown["train"]["val_classes"] == 0.15
+    assert "CPU" in shown["why"][0]
+
+
+# --- no silent collapse -------------------------------------------------------------------
+
+
+def test_mean_pairwise_cosine_matches_brute_force() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(37, 8)) + 2.0
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    gram = x @ x.T
+    want = (gram.sum() - np.trace(gram)) / (37 * 36)
+    assert mean_pairwise_cosine(x.astype(np.float32)) == pytest.approx(want, abs=1e-6)
+    same = np.tile(x[:1], (5, 1))
+    assert mean_pairwise_cosine(same) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_health_warnings_name_a_fall_and_a_collapse() -> None:
+    start = {"recall@1": 0.6, "val_recall@1": 0.5, "mean_cos": 0.3}
+    assert health_warnings({"epoch": 2, "recall@1": 0.5, "mean_cos": 0.4}, start) == []
+    fell = health_warnings({"epoch": 2, "val_recall@1": 0.2, "recall@1": 0.5}, start)
+    assert len(fell) == 1 and "val_recall@1 fell to 0.2000 from 0.5000" in fell[0]
+    collapsed = health_warnings({"epoch": 2, "recall@1": 0.0, "mean_cos": 0.99}, start)
+    assert "fell to 0.0000" in collapsed[0] and "collapsed" in collapsed[1]
+    assert health_warnings({"epoch": 0, "recall@1": 0.0}, start) == []
+
+
+def test_from_scratch_batchnorm_trains_and_does_not_collapse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--weights none with the defaults: BatchNorm statistics move; Recall@1 holds or grows."""
+    make_class_folder(tmp_path / "imgs", classes=8, per_class=8)
+    args = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "3", "--name", "s"]
+    code, _, err = run_cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    run = tmp_path / "runs" / "s"
+    assert json.loads((run / "config.json").read_text())["train_config"]["freeze_bn"] is False
+    rows = read_metrics(run)
+    assert float(rows[-1]["recall@1"]) >= float(rows[0]["recall@1"])
+    assert float(rows[-1]["mean_cos"]) < 0.9
+    assert "warning:" not in err
+    state = ckpt.load(run / "checkpoint.pt")["model"]
+    assert not torch.equal(state["backbone.1.running_mean"], torch.zeros(16))  # it moved
+
+
+def test_a_collapse_is_reported_on_the_epoch_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A collapsed embedding (mean pairwise cosine near 1) is named, even with --quiet."""
+    make_class_folder(tmp_path / "imgs", classes=8, per_class=4)
+    monkeypatch.setattr(
+        "pactl.train.mean_pairwise_cosine", lambda v: 0.97 if len(v) else float("nan")
+    )
+    args = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "1", "--name", "c", "--quiet"]
+    code, _, err = run_cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert "warning: epoch 1: the embeddings have collapsed (mean pairwise cosine 0.970)" in err
+
+
+# --- the pretrained baseline: --backbone instead of --checkpoint ---------------------------
+
+
+def _weights_file(tmp_path: Path) -> Path:
+    from pactl.backbones import build_backbone
+
+    torch.manual_seed(11)
+    module = build_backbone("small", "none").module
+    path = tmp_path / "small.pth"
+    torch.save(module.state_dict(), path)
+    return path
+
+
+def _pooled_reference(files: list[Path], weights: Path) -> np.ndarray:
+    """GAP + GMP of the backbone's feature map, L2-normalised, in float64, written out here."""
+    from PIL import Image
+
+    from pactl.backbones import build_backbone
+
+    module = build_backbone("small", str(weights)).module.eval().double()
+    rows = []
+    for f in files:
+        pixels = np.asarray(Image.open(f).convert("RGB").resize((16, 16)), dtype=np.float64)
+        x = torch.from_numpy((pixels / 255 - 0.5) / 0.5).permute(2, 0, 1)[None]
+        with torch.no_grad():
+            fmap = module(x)[0]  # (C, h, w)
+        pooled = fmap.mean(dim=(1, 2)) + fmap.amax(dim=(1, 2))
+        rows.append((pooled / pooled.norm()).numpy())
+    return np.stack(rows)
+
+
+def test_backbone_baseline_embed_index_query_and_eval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images = make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    weights = _weights_file(tmp_path)
+    base = [
+        "--backbone",
+        "small",
+        "--weights",
+        str(weights),
+        "--image-size",
+        "16",
+        "--resize-size",
+        "16",
+    ]
+    code, _, err = run_cli(
+        ["embed", str(images), *base, "--out", str(tmp_path / "vec"), "-q"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    vectors = np.load(tmp_path / "vec" / "vectors.npy")
+    meta = json.loads((tmp_path / "vec" / "meta.json").read_text())
+    files = sorted(images.rglob("*.png"))
+    want = _pooled_reference(files, weights)
+    assert vectors.shape == (16, 128) and meta["checkpoint"] is None
+    np.testing.assert_allclose(vectors, want, atol=2e-5)
+
+    code, _, err = run_cli(["index", str(tmp_path / "vec"), "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    code, out, err = run_cli(
+        ["query", str(files[0]), "--index", "index", "--k", "3", "-f", "jsonl"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    hits = [json.loads(line) for line in out.splitlines()]
+    order = np.argsort(-(want @ want[0]), kind="stable")[:3]
+    assert [h["path"] for h in hits] == [str(files[i]) for i in order]
+
+    # Other weights under the same file name: the bundle refuses them.
+    torch.save({k: v + 1 for k, v in torch.load(weights).items()}, weights)
+    code, _, err = run_cli(["query", str(files[0]), "--index", "index"], monkeypatch, capsys)
+    assert code == 1 and "is not the network that made these vectors" in err
+
+
+def test_backbone_baseline_eval_matches_brute_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    images = make_class_folder(tmp_path / "imgs", classes=6, per_class=5, seed=3)
+    weights = _weights_file(tmp_path)
+    code, out, err = run_cli(
+        ["eval", str(images), "--backbone", "small", "--weights", str(weights),
+         "--image-size", "16", "--resize-size", "16", "--ks", "1,2", "--report", "r.csv", "-q"],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    test = manifest_from_folder(images).select("test")
+    v = _pooled_reference(test.files(), weights)
+    sims = v @ v.T
+    np.fill_diagonal(sims, -np.inf)
+    nearest = np.argsort(-sims, axis=1, kind="stable")
+    same = test.labels[nearest] == test.labels[:, None]
+    shown = dict(line.split() for line in out.splitlines())
+    assert float(shown["recall@1"]) == pytest.approx(same[:, 0].mean(), abs=1e-4)
+    assert float(shown["recall@2"]) == pytest.approx(same[:, :2].any(axis=1).mean(), abs=1e-4)
+    assert "small (" in (tmp_path / "r.csv").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--checkpoint", "X.pt", "--backbone", "small"], "not both"),
+        (["--weights", "imagenet"], "go with --backbone"),
+        ([], "give --checkpoint"),
+        (["--backbone", "nonet"], "unknown backbone"),
+    ],
+)
+def test_backbone_or_checkpoint_is_a_usage_error(
+    args: list[str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    torch.save({}, tmp_path / "X.pt")
+    resolved = [str(tmp_path / a) if a == "X.pt" else a for a in args]
+    code, out, err = run_cli(["embed", str(tmp_path / "imgs"), *resolved], monkeypatch, capsys)
+    assert code == 2 and out == "" and message in err, err
