@@ -14,6 +14,7 @@ BGR*255 - [104, 117, 128].
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,10 @@ def bn_inception(weights: str) -> BNInception:
 
     net = BNInception()
     if weights == "imagenet":
-        net.load_state_dict(imagenet_state_dict(WEIGHTS_URLS, WEIGHTS_SHA256), strict=True)
+        # An address of your own (a mirror inside your network) is tried first.
+        own = os.environ.get("PACTL_BN_INCEPTION_URL")
+        urls = (own, *WEIGHTS_URLS) if own else WEIGHTS_URLS
+        net.load_state_dict(imagenet_state_dict(urls, WEIGHTS_SHA256), strict=True)
     else:
         load_weights_file(net, weights, adapt=squeeze_batchnorm)
     return net
@@ -171,14 +175,17 @@ def squeeze_batchnorm(state: dict[str, torch.Tensor], own: dict[str, torch.Tenso
 
 
 def weights_path(url: str) -> Path:
-    """Where the weights live: torch's hub cache, shared with other torch programs."""
+    """Where the weights live: torch's hub cache, shared with other torch programs (the file
+    name of `url`)."""
     return Path(torch.hub.get_dir()) / "checkpoints" / url.rsplit("/", 1)[-1]
 
 
 def imagenet_state_dict(urls: tuple[str, ...], sha256: str) -> dict[str, torch.Tensor]:
     """The published weights without the classifier: taken from the cache, else downloaded from
     the first of `urls` that answers, and checked against the file's full `sha256`."""
-    path = weights_path(urls[0])
+    # One cache name, whichever address served the file: the published one, whose digits are
+    # the start of its sha256 (torch's convention).
+    path = weights_path(f"bn_inception-{sha256[:9]}.pth")
     if not path.is_file():
         _download(urls, sha256, path)
     digest = _sha256(path)

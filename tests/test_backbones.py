@@ -262,6 +262,19 @@ def test_imagenet_weights_come_from_the_first_address_that_serves_them(
     assert set(again) == set(published) - set(CLASSIFIER)
 
 
+def test_an_address_of_ones_own_is_tried_first(
+    hub: Path, server: tuple[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, root = server
+    name, digest = _publish(root, _published_layout(BNInception()))
+    (root / name).rename(root / "internal-copy.pth")  # any name: the checksum decides
+    monkeypatch.setattr(bn_inception, "WEIGHTS_URLS", (_dead_url(name),))
+    monkeypatch.setattr(bn_inception, "WEIGHTS_SHA256", digest)
+    monkeypatch.setenv("PACTL_BN_INCEPTION_URL", f"{base}/internal-copy.pth")
+    build_backbone("bn_inception", "imagenet")
+    assert [p.name for p in hub.iterdir()] == [name]
+
+
 def test_imagenet_weights_with_a_wrong_checksum_are_refused(
     hub: Path, server: tuple[str, Path]
 ) -> None:
