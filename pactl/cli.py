@@ -702,12 +702,17 @@ def model_source(
 def write_report(
     path: Path, source: str, model_from: Path | ModelConfig, metrics: dict[str, float]
 ) -> None:
+    import csv
+    import io
+
     from pactl.fsutil import atomic_write_text
 
     what = str(model_from) if isinstance(model_from, Path) else describe_backbone(model_from)
-    header = ["dataset", "checkpoint", *metrics]
-    values = [source, what, *(f"{v:.6g}" for v in metrics.values())]
-    atomic_write_text(path, ",".join(header) + "\n" + ",".join(values) + "\n")
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["dataset", "checkpoint", *metrics])
+    writer.writerow([source, what, *(f"{v:.6g}" for v in metrics.values())])
+    atomic_write_text(path, buffer.getvalue())
 
 
 def main() -> None:

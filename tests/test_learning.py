@@ -256,7 +256,10 @@ def test_backbone_baseline_eval_matches_brute_force(
     shown = dict(line.split() for line in out.splitlines())
     assert float(shown["recall@1"]) == pytest.approx(same[:, 0].mean(), abs=1e-4)
     assert float(shown["recall@2"]) == pytest.approx(same[:, :2].any(axis=1).mean(), abs=1e-4)
-    assert "small (" in (tmp_path / "r.csv").read_text()
+    with open(tmp_path / "r.csv", newline="") as f:
+        (report,) = list(csv.DictReader(f))  # the comma in the description is quoted
+    assert report["checkpoint"] == f"small ({weights} weights, no training)"
+    assert float(report["recall@1"]) == pytest.approx(same[:, 0].mean(), abs=1e-4)
 
 
 @pytest.mark.parametrize(
