@@ -319,9 +319,15 @@ def train(
         return
     manifest = load_source(source, log)
     check_model_config(model_cfg)
+    created = not run.exists()
     prepare_run_dir(run, resume=bool(resume), overwrite=overwrite)
-    with on_interrupt(f"continue with: pactl train --resume {run}"):
-        result = fit(source, manifest, model_cfg, cfg, run, log, resume=bool(resume))
+    try:
+        with on_interrupt(f"continue with: pactl train --resume {run}"):
+            result = fit(source, manifest, model_cfg, cfg, run, log, resume=bool(resume))
+    except PactlError:
+        if created and not any(run.iterdir()):  # failed before writing anything (weights)
+            run.rmdir()
+        raise
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
     chooser = {"val": "validation Recall@1", "test": "test Recall@1", "last": "last epoch"}
     out.print(f"run: {result.run_dir}")

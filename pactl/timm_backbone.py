@@ -14,7 +14,12 @@ layouts timm models return are brought to that shape:
 from __future__ import annotations
 
 import difflib
+import logging
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 from torch import nn
@@ -56,13 +61,15 @@ def build_timm(name: str, weights: str) -> Backbone:
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise PactlError(f"timm has no model {name!r}{hint}; see timm.list_models()")
     try:
-        model = timm.create_model(
-            name, pretrained=weights == "imagenet", num_classes=0, global_pool=""
-        )
+        with hub_access() as reachable:
+            model = timm.create_model(
+                name, pretrained=weights == "imagenet", num_classes=0, global_pool=""
+            )
     except OSError as e:  # what the download raises offline or on a missing file
         where = _weights_page(timm, name)
+        reason = "not cached, and the hub is unreachable" if not reachable else str(e)
         raise PactlError(
-            f"cannot fetch the ImageNet weights of timm:{name} ({str(e).splitlines()[0][:100]}): "
+            f"cannot fetch the ImageNet weights of timm:{name} ({reason.splitlines()[0][:100]}): "
             f"download them by hand{where} and pass --weights PATH, or use --weights none"
         ) from None
     except (AssertionError, RuntimeError, ValueError) as e:  # timm checks options by assert
@@ -78,6 +85,29 @@ def build_timm(name: str, weights: str) -> Backbone:
         interpolation=str(config.get("interpolation", "bilinear")),
         crop_pct=float(config.get("crop_pct", 0.875)),
     )
+
+
+@contextmanager
+def hub_access() -> Iterator[bool]:
+    """Yields whether the Hugging Face hub's host resolves. When it does not, the hub client is
+    put in offline mode for the block, so cached weights load at once and missing ones fail at
+    once, instead of after a minute of retries and a page of warnings."""
+    import huggingface_hub.constants as hub
+
+    try:
+        socket.getaddrinfo(urlparse(hub.ENDPOINT).hostname or "huggingface.co", 443)
+        reachable = True
+    except OSError:
+        reachable = False
+    was, quiet = hub.HF_HUB_OFFLINE, logging.getLogger("huggingface_hub")
+    level = quiet.level
+    hub.HF_HUB_OFFLINE = was or not reachable
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield reachable
+    finally:
+        hub.HF_HUB_OFFLINE = was
+        quiet.setLevel(level)
 
 
 def _weights_page(timm: Any, name: str) -> str:

@@ -471,3 +471,38 @@ def test_timm_unknown_model_suggests_names() -> None:
     pytest.importorskip("timm")
     with pytest.raises(PactlError, match="resnet18"):
         build_backbone("timm:resnet18x", "none")
+
+
+def test_timm_imagenet_weights_offline_fail_at_once_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No route to the hub: one line naming where to get the file, no minute of retries, and
+    a failed start leaves no empty run folder behind."""
+    import time
+
+    import huggingface_hub.constants as hub
+    from conftest import TINY, make_class_folder, run_cli
+
+    def no_dns(*args: object, **kwargs: object) -> None:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    began = time.monotonic()
+    with pytest.raises(PactlError) as info:
+        build_backbone("timm:test_resnet", "imagenet")
+    assert time.monotonic() - began < 20  # the hub client's retries would take about a minute
+    message = str(info.value)
+    assert "not cached, and the hub is unreachable" in message
+    assert "https://huggingface.co/timm/test_resnet" in message and "--weights PATH" in message
+    assert hub.HF_HUB_OFFLINE is False  # restored
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    tiny = TINY.copy()
+    tiny[tiny.index("small")], tiny[tiny.index("none")] = "timm:test_resnet", "imagenet"
+    code, out, err = run_cli(
+        ["train", str(tmp_path / "imgs"), *tiny, "--name", "r", "-q"], monkeypatch, capsys
+    )
+    assert code == 1 and out == ""
+    assert err.startswith("error: cannot fetch the ImageNet weights of timm:test_resnet")
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs" / "r").exists()
