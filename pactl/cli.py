@@ -301,10 +301,14 @@ def train(
             compile=compile_,
             val_classes=val_classes,
         )
-        if freeze_bn is None and model_cfg.weights == "none" and cfg.freeze_bn:
-            cfg = override(cfg, freeze_bn=False)  # the preset's freezing is for its weights
-        model_cfg = with_preprocessing(model_cfg)
         why = [f"settings: {chosen.source}"]
+        if model_cfg.weights == "none":  # the preset's freezing and warm-up are for its weights
+            if freeze_bn is None and cfg.freeze_bn:
+                cfg = override(cfg, freeze_bn=False)
+            if warmup_epochs is None and cfg.warmup_epochs:
+                cfg = override(cfg, warmup_epochs=0)
+                why.append("no warm-up epochs: a random backbone has no features to protect")
+        model_cfg = with_preprocessing(model_cfg)
         run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
     if print_config:
         import os

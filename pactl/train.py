@@ -444,7 +444,8 @@ def fit(
     cfg = resolve_train_config(model_cfg, cfg, world)
     splits = check_splits(manifest, cfg)
     if cfg.selection == "val" and not len(splits.val):
-        reporter.log("too few train classes to hold out validation ones: best.pt is the last epoch")
+        why = "--val-classes 0" if not cfg.val_classes else "too few train classes to hold out"
+        reporter.log(f"no validation classes ({why}): best.pt is the last epoch")
         cfg = dataclasses.replace(cfg, selection="last")
     reporter.log(f"training on {manifest.source} -> {run_dir}")
     reporter.log(describe_recipe(model_cfg, cfg, splits))
@@ -637,17 +638,22 @@ COLLAPSED_COSINE = 0.9
 
 
 def health_warnings(row: dict[str, Any], start: dict[str, Any]) -> list[str]:
+    """What went wrong by this epoch, against epoch 0: Recall@1 far below the start, or
+    embeddings that all point the same way (and no less so than at the start: a random network
+    starts near 1, and only training that does not spread them out is a collapse)."""
+    if row["epoch"] == 0:
+        return []
     warnings = []
     for key in ("val_recall@1", "recall@1"):
         now, then = row.get(key), start.get(key)
-        if row["epoch"] > 0 and now is not None and then and now < RECALL_DROP * then:
+        if now is not None and then and now < RECALL_DROP * then:
             warnings.append(
                 f"{key} fell to {now:.4f} from {then:.4f} before training: lower --lr, or "
                 "check --freeze-bn and --weights"
             )
             break
-    cosine = row.get("mean_cos")
-    if cosine is not None and cosine > COLLAPSED_COSINE:
+    cosine, before = row.get("mean_cos"), start.get("mean_cos")
+    if cosine is not None and cosine > COLLAPSED_COSINE and cosine >= (before or 0.0):
         warnings.append(
             f"the embeddings have collapsed (mean pairwise cosine {cosine:.3f}): "
             "every image maps to nearly the same point"

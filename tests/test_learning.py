@@ -128,7 +128,11 @@ def test_health_warnings_name_a_fall_and_a_collapse() -> None:
     assert len(fell) == 1 and "val_recall@1 fell to 0.2000 from 0.5000" in fell[0]
     collapsed = health_warnings({"epoch": 2, "recall@1": 0.0, "mean_cos": 0.99}, start)
     assert "fell to 0.0000" in collapsed[0] and "collapsed" in collapsed[1]
-    assert health_warnings({"epoch": 0, "recall@1": 0.0}, start) == []
+    assert health_warnings({"epoch": 0, "recall@1": 0.0, "mean_cos": 0.99}, start) == []
+    # A random network starts with every embedding alike; spreading them out is no collapse.
+    random_start = {"recall@1": 0.1, "mean_cos": 0.97}
+    assert health_warnings({"epoch": 1, "recall@1": 0.2, "mean_cos": 0.93}, random_start) == []
+    assert "collapsed" in health_warnings({"epoch": 1, "mean_cos": 0.98}, random_start)[0]
 
 
 def test_from_scratch_batchnorm_trains_and_does_not_collapse(
