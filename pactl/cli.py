@@ -66,6 +66,12 @@ class Loss(str, Enum):
     contrastive = "contrastive"
 
 
+class Augment(str, Enum):
+    rrc_flip = "rrc_flip"
+    light = "light"
+    none = "none"
+
+
 class Sampler(str, Enum):
     shuffle = "shuffle"
     m_per_class = "m_per_class"
@@ -212,6 +218,13 @@ def train(
             "Paper presets keep the paper's protocol (best test Recall@1).",
         ),
     ] = None,
+    augment: Annotated[
+        Augment | None,
+        typer.Option(
+            help="Train-time augmentation: rrc_flip (random resized crop + flip, the paper's), "
+            "light (small affine jitter, no flip: glyphs, digits), none."
+        ),
+    ] = None,
     sampler: Annotated[Sampler | None, typer.Option(help="shuffle | m_per_class.")] = None,
     m: Annotated[int | None, typer.Option(min=1, help="Images per class (m_per_class).")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -291,6 +304,7 @@ def train(
             lr_decay_gamma=lr_decay_gamma,
             freeze_bn=freeze_bn,
             sync_bn=sync_bn,
+            augment=_value(augment),
             sampler=_value(sampler),
             m_per_class=m,
             seed=seed,

@@ -287,3 +287,19 @@ def test_backbone_or_checkpoint_is_a_usage_error(
     resolved = [str(tmp_path / a) if a == "X.pt" else a for a in args]
     code, out, err = run_cli(["embed", str(tmp_path / "imgs"), *resolved], monkeypatch, capsys)
     assert code == 2 and out == "" and message in err, err
+
+
+def test_from_random_weights_bn_trains_and_no_warm_up_unless_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    base = ["train", "cars196", "--weights", "none", "--print-config"]
+    code, out, _ = run_cli(base, monkeypatch, capsys)
+    shown = json.loads(out)
+    assert code == 0
+    assert (shown["train"]["freeze_bn"], shown["train"]["warmup_epochs"]) == (False, 0)
+    assert any("random weights need statistics that move" in w for w in shown["why"])
+    asked = [*base, "--freeze-bn", "--warmup-epochs", "2", "--augment", "light"]
+    code, out, _ = run_cli(asked, monkeypatch, capsys)
+    shown = json.loads(out)["train"]
+    assert (shown["freeze_bn"], shown["warmup_epochs"], shown["augment"]) == (True, 2, "light")
