@@ -464,6 +464,8 @@ def fit(
         info = run_config(source, manifest, t.model_cfg, cfg, classes)
         atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
     if not resume:  # epoch 0: the start every later epoch is compared with
+        if model_cfg.weights == "none" and not cfg.freeze_bn:
+            calibrate_batchnorm(t, splits.train)
         began = time.perf_counter()
         row: dict[str, Any] = {"epoch": 0}
         if world.is_main:
@@ -497,6 +499,32 @@ def fit(
     return TrainResult(
         run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection
     )
+
+
+def calibrate_batchnorm(t: Trainer, train: Manifest, batches: int = 8) -> None:
+    """Random weights come with BatchNorm statistics (mean 0, variance 1) that describe no
+    data: evaluated with them, a random network is another network than the one training
+    sees. Their running statistics are set to the average over a few training batches (test
+    transform, no gradient), so epoch 0 measures the network training starts from."""
+    norms = [m for m in t.net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return
+    size = min(t.cfg.batch_size // t.world.size, len(train))
+    files = train.files()[: size * batches]
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average over the batches below
+    t.net.train()
+    with torch.no_grad():
+        for batch in loader_for(files, None, t.model_cfg, size, 0, t.device, draft=False):
+            if len(batch.indices) > 1:
+                images = batch.images.to(t.device)
+                if t.cfg.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                t.net(images)
+    for m, momentum in zip(norms, momenta, strict=True):
+        m.momentum = momentum
 
 
 def resolve_train_config(model_cfg: ModelConfig, cfg: TrainConfig, world: World) -> TrainConfig:

@@ -303,3 +303,35 @@ def test_from_random_weights_bn_trains_and_no_warm_up_unless_asked(
     code, out, _ = run_cli(asked, monkeypatch, capsys)
     shown = json.loads(out)["train"]
     assert (shown["freeze_bn"], shown["warmup_epochs"], shown["augment"]) == (True, 2, "light")
+
+
+def test_random_batchnorm_statistics_are_calibrated_before_epoch_0(tmp_path: Path) -> None:
+    """From random weights, epoch 0 sees BatchNorm statistics of the training data (the
+    average over a few batches), not the (0, 1) the layers are born with."""
+    from pactl.config import ModelConfig
+    from pactl.distributed import World
+    from pactl.embed import loader_for
+    from pactl.train import build_trainer, calibrate_batchnorm
+
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=4)
+    train = manifest_from_folder(tmp_path / "imgs").select("train")
+    model_cfg = ModelConfig("small", "none", embedding_dim=8, image_size=16, resize_size=16)
+    cfg = TrainConfig(batch_size=4, workers=0, channels_last=False)
+    t = build_trainer(model_cfg, cfg, num_classes=3, world=World())
+    calibrate_batchnorm(t, train, batches=2)
+    bn = t.net.backbone[1]
+    assert bn.momentum == 0.1  # restored
+    conv = t.net.backbone[0].double()
+    means, variances = [], []
+    loader = loader_for(train.files()[:8], None, t.model_cfg, 4, 0, torch.device("cpu"))
+    with torch.no_grad():
+        for batch in loader:
+            out = conv(batch.images.double())  # (4, 16, 16, 16)
+            means.append(out.mean(dim=(0, 2, 3)))
+            variances.append(out.var(dim=(0, 2, 3), unbiased=True))
+    torch.testing.assert_close(
+        bn.running_mean.double(), torch.stack(means).mean(0), atol=1e-5, rtol=1e-4
+    )
+    torch.testing.assert_close(
+        bn.running_var.double(), torch.stack(variances).mean(0), atol=1e-5, rtol=1e-4
+    )
