@@ -463,25 +463,13 @@ def fit(
     elif world.is_main:
         info = run_config(source, manifest, t.model_cfg, cfg, classes)
         atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
-    if not resume:  # epoch 0: the start every later epoch is compared with
-        if model_cfg.weights == "none" and not cfg.freeze_bn:
-            calibrate_batchnorm(t, splits.train)
-        began = time.perf_counter()
-        row: dict[str, Any] = {"epoch": 0}
-        if world.is_main:
-            row.update(evaluate_epoch(t, splits, reporter, nmi=True))
-        row["seconds"] = time.perf_counter() - began
-        estimate = estimate_epoch(t, splits.train, len(classes), row["seconds"])
-        if world.is_main:
-            state["start"] = state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
-            record_epoch(t, run_dir, row, columns, classes, state, reporter)
-            reporter.log(f"about {estimate} per epoch (one timed step, and evaluation)")
-        barrier(world)
+    if not resume:
+        evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
     for epoch in range(start, cfg.epochs):
         began = time.perf_counter()
         lr = t.optimizer.param_groups[0]["lr"]
         loss = train_one_epoch(t, train_loader(splits.train, labels, t, epoch), epoch, reporter)
-        row = {"epoch": epoch + 1, "loss": loss, "lr": lr}
+        row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss, "lr": lr}
         last = epoch + 1 == cfg.epochs
         if world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):
             nmi = last or len(np.unique(splits.test.labels)) <= 1000
@@ -499,6 +487,32 @@ def fit(
     return TrainResult(
         run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection
     )
+
+
+def evaluate_start(
+    t: Trainer,
+    splits: Splits,
+    run_dir: Path,
+    columns: list[str],
+    classes: list[str],
+    state: dict[str, Any],
+    reporter: Reporter,
+) -> None:
+    """Epoch 0: the network before its first step, the start every later epoch is compared
+    with; then an estimate of an epoch's duration."""
+    if t.model_cfg.weights == "none" and not t.cfg.freeze_bn:
+        calibrate_batchnorm(t, splits.train)
+    began = time.perf_counter()
+    row: dict[str, Any] = {"epoch": 0}
+    if t.world.is_main:
+        row.update(evaluate_epoch(t, splits, reporter, nmi=True))
+    row["seconds"] = time.perf_counter() - began
+    estimate = estimate_epoch(t, splits.train, len(classes), row["seconds"])
+    if t.world.is_main:
+        state["start"] = state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
+        record_epoch(t, run_dir, row, columns, classes, state, reporter)
+        reporter.log(f"about {estimate} per epoch (one timed step, and evaluation)")
+    barrier(t.world)
 
 
 def calibrate_batchnorm(t: Trainer, train: Manifest, batches: int = 8) -> None:
