@@ -135,7 +135,8 @@ def open_network(source: ModelSource) -> tuple[nn.Module, Network]:
     """The network of a checkpoint or of a backbone config, in eval mode, on the CPU."""
     if isinstance(source, Path):
         model, config, payload = load_model(source)
-        return model, Network(config, payload["fingerprint"], str(source.resolve()))
+        # From the weights themselves: a recorded fingerprint could belong to other weights.
+        return model, Network(config, fingerprint(payload["model"]), str(source.resolve()))
     from pactl.model import build_model
 
     model, config = build_model(source)

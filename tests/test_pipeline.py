@@ -126,6 +126,21 @@ def test_query_with_another_model_is_refused(
     assert code == 1 and out == ""
     assert "is not the network that made these vectors" in err
 
+    # Other weights under the bundle's recorded fingerprint: recomputed, and refused.
+    import torch
+
+    from pactl import checkpoint as ckpt
+
+    forged = ckpt.load(tmp_path / "runs" / "other" / "best.pt")
+    forged["fingerprint"] = ckpt.load(trained / "best.pt")["fingerprint"]
+    torch.save(forged, tmp_path / "forged.pt")
+    code, out, err = run_cli(
+        ["query", str(image), "--index", str(trained / "index"), "--checkpoint", "forged.pt"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 1 and "is not the network that made these vectors" in err
+
 
 def test_embed_then_index_a_plain_folder(
     trained: Path,
