@@ -104,13 +104,19 @@ def time_interleaved(
     return times
 
 
-def check_values(problem: Problem, pml_loss: nn.Module) -> float:
-    """Relative difference between our loss and pml's on the same proxies."""
-    with torch.no_grad():
-        ours = proxy_anchor_loss(problem.embeddings, problem.labels, problem.proxies).item()
-        theirs = pml_loss(problem.embeddings, problem.labels).item()
-    log(f"loss values: pactl {ours:.8f}  pml {theirs:.8f}")
-    return abs(ours - theirs) / max(abs(theirs), 1e-30)
+def check_values(problem: Problem, pml_loss: nn.Module) -> tuple[float, float]:
+    """Relative differences between our loss and pml's on the same proxies: of the values, and
+    of the gradients (embeddings and proxies together)."""
+    x, p = problem.embeddings, problem.proxies
+    pml_p = pml_loss.get_parameter("proxies")
+    ours = proxy_anchor_loss(x, problem.labels, p)
+    theirs = pml_loss(x, problem.labels)
+    ours_grad = torch.cat([g.flatten() for g in torch.autograd.grad(ours, [x, p])])
+    theirs_grad = torch.cat([g.flatten() for g in torch.autograd.grad(theirs, [x, pml_p])])
+    log(f"loss values: pactl {ours.item():.8f}  pml {theirs.item():.8f}")
+    value_diff = abs(ours.item() - theirs.item()) / max(abs(theirs.item()), 1e-30)
+    grad_diff = float((ours_grad - theirs_grad).norm() / theirs_grad.norm().clamp_min(1e-30))
+    return value_diff, grad_diff
 
 
 def table(medians: dict[str, float], header: str) -> str:
@@ -170,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         pml_loss.get_parameter("proxies").copy_(problem.proxies)
 
-    rel_diff = check_values(problem, pml_loss)
+    rel_diff, grad_diff = check_values(problem, pml_loss)
     log(f"relative difference {rel_diff:.2e} (must be <= {MAX_REL_DIFF:.0e})")
-    if rel_diff > MAX_REL_DIFF:
+    if rel_diff > MAX_REL_DIFF or grad_diff > MAX_REL_DIFF:
         log("values disagree; timings would compare different computations")
         return 1
 
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- pactl / floor = {vs_floor:.2f} (target <= {FLOOR_TARGET}): {verdict_floor}")
     print(f"- pml / pactl = {vs_pml:.2f} (target >= {PML_TARGET}): {verdict_pml}")
     print(f"- values: relative difference {rel_diff:.1e} (target <= {MAX_REL_DIFF:.0e})")
+    print(f"- gradients: relative difference {grad_diff:.1e} (target <= {MAX_REL_DIFF:.0e})")
     return 0
 
 
