@@ -149,8 +149,8 @@ USER_GPU = Preset(
     source="pactl default for your own data on a GPU: the paper's recipe on ResNet-50",
 )
 
-# ... and on a CPU: a network made for CPUs at a small size, for minutes rather than days on a
-# few thousand images (docs/training.md has the measured figures behind each value).
+# ... and on a CPU: EfficientNet-Lite0 at 128 px, minutes rather than hours on a few thousand
+# images (docs/training.md and docs/benchmarks.md have the measured figures behind each value).
 USER_CPU = Preset(
     model=ModelConfig(backbone="timm:efficientnet_lite0", image_size=128),
     train=TrainConfig(
