@@ -203,12 +203,18 @@ def train_args(set_dir: Path, env: Env, weights: str, name: str) -> list[str]:
 # ---------------------------------------------------------------- the steps
 
 
-def step_pretrained(set_name: str, set_dir: Path, env: Env) -> Result:
-    result = Result(set_name, "b", "pretrained lite0, no training (pooled features)")
-    report = env.work / f"{set_name}-pretrained.csv"
+def step_pretrained(
+    set_name: str, set_dir: Path, env: Env, step: str = "b", size: int = 0, resize: int = 0
+) -> Result:
+    """b (and f0): the pretrained network's pooled features, no training, at `size` px (default:
+    the bench's image size)."""
+    size, resize = size or env.size, resize or env.size
+    what = "no training (pooled features)" if step == "b" else f"at the default's {size} px"
+    result = Result(set_name, step, f"pretrained lite0, {what}")
+    report = env.work / f"{set_name}-pretrained-{size}.csv"
     argv = [
         *pactl_argv(), "eval", str(set_dir), "--backbone", BACKBONE, "--weights", str(env.weights),
-        "--image-size", str(env.size), "--resize-size", str(env.size),
+        "--image-size", str(size), "--resize-size", str(resize),
         "--report", str(report), "--workers", "0", "--quiet",
     ]  # fmt: skip
     result.commands.append(shown(argv, env))
@@ -282,20 +288,7 @@ def step_default(set_name: str, set_dir: Path, env: Env) -> list[Result]:
     result.note = "seconds: training only" + (" (--quick: fewer epochs)" if env.quick else "")
     # Its start at its own image size: the pretrained network's pooled features there.
     model = json.loads((env.runs / name / "config.json").read_text())["model_config"]
-    start = Result(set_name, "f0", f"pretrained lite0 at the default's {model['image_size']} px")
-    report = env.work / f"{set_name}-default-start.csv"
-    argv = [
-        *pactl_argv(), "eval", str(set_dir), "--backbone", BACKBONE, "--weights", str(env.weights),
-        "--image-size", str(model["image_size"]), "--resize-size", str(model["resize_size"]),
-        "--report", str(report), "--workers", "0", "--quiet",
-    ]  # fmt: skip
-    start.commands.append(shown(argv, env))
-    code, stderr, start.seconds = run(argv, env)
-    if code != 0:
-        start.note = f"failed: {last_error(stderr)}"
-    else:
-        scores = read_report(report)
-        start.recall, start.map_r = scores["recall@1"], scores["map@r"]
+    start = step_pretrained(set_name, set_dir, env, "f0", model["image_size"], model["resize_size"])
     return [result, start]
 
 

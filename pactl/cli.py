@@ -752,13 +752,13 @@ def main() -> None:
     try:
         app()
     except UsageError as e:
-        err.print(f"error: {e}", highlight=False)
+        err.print(f"error: {e}", highlight=False, markup=False)
         sys.exit(2)
     except PactlError as e:
-        err.print(f"error: {e}", highlight=False)
+        err.print(f"error: {e}", highlight=False, markup=False)
         sys.exit(1)
     except KeyError as e:  # registries list their choices in the message
-        err.print(f"error: {e.args[0] if e.args else e}", highlight=False)
+        err.print(f"error: {e.args[0] if e.args else e}", highlight=False, markup=False)
         sys.exit(2)
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (`| head`): nothing more to say

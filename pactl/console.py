@@ -39,7 +39,7 @@ class Reporter:
 
     def log(self, message: str) -> None:
         if not self.quiet:
-            self.console.print(message, highlight=False)
+            self.console.print(message, highlight=False, markup=False)  # paths, labels: data
 
     def warn(self, message: str) -> None:
         """A warning is shown even when quiet: it says the result may not be what was wanted."""
