@@ -676,14 +676,10 @@ def with_preprocessing(config: ModelConfig) -> ModelConfig:
     """Resize size and filter left open filled from the backbone's weights (config.json and
     --print-config then say what is used)."""
     from pactl.backbones import constructor_for, preprocessing_of
+    from pactl.model import fill_resize
 
     constructor_for(config.backbone)  # an unknown name fails here, before any work
-    interpolation, crop_pct = preprocessing_of(config.backbone)
-    return override(
-        config,
-        resize_size=config.resize_size or round(config.image_size / crop_pct),
-        interpolation=config.interpolation or interpolation,
-    )
+    return fill_resize(config, *preprocessing_of(config.backbone))
 
 
 def describe_backbone(config: ModelConfig) -> str:

@@ -32,10 +32,6 @@ class EmbeddingNet(nn.Module):
         pooled = features.mean(dim=(2, 3)) + features.amax(dim=(2, 3))  # (B, C)
         return F.normalize(self.embedding(pooled).float(), dim=1)  # (B, dim), unit rows
 
-    @property
-    def pooled_only(self) -> bool:
-        return isinstance(self.embedding, nn.Identity)
-
     def head_parameters(self) -> list[nn.Parameter]:
         return list(self.embedding.parameters())
 
@@ -52,13 +48,21 @@ def build_model(config: ModelConfig, seed: int = 0) -> tuple[EmbeddingNet, Model
 
 def resolve_preprocessing(config: ModelConfig, backbone: Backbone) -> ModelConfig:
     """Fill what the config leaves to the backbone: normalisation, resize filter, crop fraction."""
-    return dataclasses.replace(
+    filled = dataclasses.replace(
         config,
         dimension=config.embedding_dim or backbone.feat_dim,
-        resize_size=config.resize_size or round(config.image_size / backbone.crop_pct),
         mean=config.mean if config.mean is not None else backbone.mean,
         std=config.std if config.std is not None else backbone.std,
-        interpolation=config.interpolation or backbone.interpolation,
+    )
+    return fill_resize(filled, backbone.interpolation, backbone.crop_pct)
+
+
+def fill_resize(config: ModelConfig, interpolation: str, crop_pct: float) -> ModelConfig:
+    """The test-time resize (crop / crop fraction) and filter, where the config leaves them."""
+    return dataclasses.replace(
+        config,
+        resize_size=config.resize_size or round(config.image_size / crop_pct),
+        interpolation=config.interpolation or interpolation,
     )
 
 

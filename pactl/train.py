@@ -132,10 +132,17 @@ def build_trainer(
     )
 
 
-def train_step(t: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """One optimiser step on a batch already on the device; returns the (detached) loss."""
+def on_device(t: Trainer, images: torch.Tensor) -> torch.Tensor:
+    """A batch of images on the training device, in the memory layout the network runs in."""
+    images = images.to(t.device, non_blocking=True)
     if t.cfg.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
+def train_step(t: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One optimiser step on a batch already on the device; returns the (detached) loss."""
+    images = on_device(t, images)
     with autocast(t.device, t.cfg.amp):
         embeddings = t.model(images)  # (B, D) float32, unit rows
     embeddings, labels = gather_batch(embeddings, labels, t.world)
@@ -533,10 +540,7 @@ def calibrate_batchnorm(t: Trainer, train: Manifest, batches: int = 8) -> None:
     with torch.no_grad():
         for batch in loader_for(files, None, t.model_cfg, size, 0, t.device, draft=False):
             if len(batch.indices) > 1:
-                images = batch.images.to(t.device)
-                if t.cfg.channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
-                t.net(images)
+                t.net(on_device(t, batch.images))
     for m, momentum in zip(norms, momenta, strict=True):
         m.momentum = momentum
 
@@ -614,10 +618,8 @@ def estimate_epoch(t: Trainer, train: Manifest, num_classes: int, eval_seconds: 
     if len(batch.indices) < 2:
         return "? s"
     buffers = {k: v.clone() for k, v in t.net.named_buffers()}
-    images = batch.images.to(t.device)
+    images = on_device(t, batch.images)
     labels = torch.arange(len(images), device=t.device) % num_classes
-    if t.cfg.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
     t.net.train()  # the bare network: no DDP collective on a step only this process takes
     if t.cfg.freeze_bn:
         freeze_batchnorm(t.net.backbone)
