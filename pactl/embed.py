@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import warnings
@@ -17,14 +16,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from pactl import __version__
+from pactl import __version__, records
 from pactl.checkpoint import Network
 from pactl.config import ModelConfig, to_dict
 from pactl.console import Reporter
-from pactl.errors import PactlError
-from pactl.fsutil import atomic_path, atomic_write_text
+from pactl.errors import PactlError, UsageError
+from pactl.fsutil import allocate, check_files, new_generation, read_current, record_files
 
 VECTORS_FORMAT = "pactl.vectors"
+VECTORS_VERSION = 1
+VECTORS_FILES = ("vectors.npy", "items.csv", "skipped.csv", "meta.json")
 # Preparing a frozen CPU network costs a few seconds (resnet50: trace, freeze, first calls) and
 # saves about 15 ms per image: worth it from a few hundred images on.
 PREPARE_MIN_IMAGES = 256
@@ -192,6 +193,7 @@ def embed_files(
 
 
 ITEMS_COLUMNS = ("id", "path", "label", "size", "mtime_ns")
+MAX_SHARDS = 99_999  # shard names have five digits
 
 
 @dataclass(frozen=True)
@@ -212,13 +214,13 @@ class Shard:
 def parse_shard(text: str) -> Shard:
     """`i/n` (0-based), or `auto` for this process's rank under torchrun."""
     if text == "auto":
-        return Shard(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+        text = f"{os.environ.get('RANK', '0')}/{os.environ.get('WORLD_SIZE', '1')}"
     try:
         index, count = (int(x) for x in text.split("/"))
     except ValueError:
-        raise PactlError(f"--shard takes i/n, e.g. 0/4 (got {text!r})") from None
-    if not 0 <= index < count:
-        raise PactlError(f"--shard {text}: need 0 <= i < n")
+        raise UsageError(f"--shard takes i/n or auto, e.g. 0/4 (got {text!r})") from None
+    if not 0 <= index < count or count > MAX_SHARDS:
+        raise UsageError(f"--shard {text}: need 0 <= i < n <= {MAX_SHARDS:,}")
     return Shard(index, count)
 
 
@@ -236,18 +238,22 @@ class Previous:
 
 def read_previous(out_dir: Path, fingerprint: str) -> Previous | None:
     """The folder's earlier vectors when they came from the same model, else None."""
+
+    def read(folder: Path) -> Previous | None:
+        vectors, meta = read_vectors_in(folder, out_dir)
+        if meta.get("fingerprint") != fingerprint:
+            return None
+        rows: dict[str, tuple[int, int, int, int]] = {}
+        with open(folder / "items.csv", newline="", **ITEMS_ENCODING) as f:  # type: ignore[call-overload]
+            for row, r in enumerate(csv.DictReader(f)):
+                size, mtime = int(r.get("size") or -1), int(r.get("mtime_ns") or -1)
+                rows[r["path"]] = (row, int(r["id"]), size, mtime)
+        return Previous(vectors, rows)
+
     try:
-        vectors, meta = read_vectors(out_dir)
-    except PactlError:
-        return None
-    if meta.get("fingerprint") != fingerprint:
-        return None
-    rows: dict[str, tuple[int, int, int, int]] = {}
-    with open(out_dir / "items.csv", newline="", encoding="utf-8") as f:
-        for row, r in enumerate(csv.DictReader(f)):
-            size, mtime = int(r.get("size") or -1), int(r.get("mtime_ns") or -1)
-            rows[r["path"]] = (row, int(r["id"]), size, mtime)
-    return Previous(vectors, rows)
+        return read_current(out_dir, read)
+    except (PactlError, OSError, ValueError, KeyError, TypeError):
+        return None  # nothing usable: everything is embedded again
 
 
 def file_stats(files: Sequence[Path]) -> list[tuple[int, int]]:
@@ -261,20 +267,21 @@ def file_stats(files: Sequence[Path]) -> list[tuple[int, int]]:
     return stats
 
 
-def write_items(path: Path, rows: list[tuple[int, str, str, int, int]]) -> None:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(ITEMS_COLUMNS)
-    writer.writerows(rows)
-    atomic_write_text(path, buffer.getvalue())
+# File names are bytes: one that is not UTF-8 round-trips through its surrogate escapes.
+ITEMS_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}
 
 
-def write_skipped(path: Path, failed: list[tuple[str, str]]) -> None:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["path", "reason"])
-    writer.writerows(failed)
-    atomic_write_text(path, buffer.getvalue())
+def csv_writer(f: Any) -> Any:
+    """Strings quoted, numbers not: a CR or LF inside a name stays inside its field (unquoted,
+    a lone CR would end the row for every CSV reader)."""
+    return csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+
+
+def write_rows(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    with open(path, "w", newline="", **ITEMS_ENCODING) as f:  # type: ignore[call-overload]
+        writer = csv_writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
 
 
 @dataclass
@@ -319,26 +326,45 @@ def embed_to_folder(
     workers: int = 0,
     amp: str = "none",
 ) -> dict[str, Any]:
-    """Write vectors.npy (memory-mapped while filled), items.csv, meta.json, skipped.csv.
+    """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
+    one new generation of `out_dir` (pactl.fsutil): a kill leaves the old output or the new.
 
     Run again into the same folder with the same model, only new or changed files are embedded.
     """
-    model_config = network.config
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stats = file_stats(files)
-    previous = read_previous(out_dir, network.fingerprint)
-    job = plan(files, ids, stats, previous)
-    todo = np.flatnonzero(job.reuse < 0)
-    if previous is not None and not len(todo) and len(previous.rows) == len(files):
-        reporter.log(f"{out_dir} is up to date: nothing new or changed")
-        meta: dict[str, Any] = json.loads((out_dir / "meta.json").read_text())
-        return meta
-    dim = model_config.dimension or model_config.embedding_dim
-    fresh_path = out_dir / ".fresh.npy.tmp"  # scratch for the new vectors, removed below
     try:
-        fresh = np.lib.format.open_memmap(
-            fresh_path, mode="w+", dtype=np.float32, shape=(len(todo), dim)
+        return _embed_generation(
+            model, network, files, labels, ids, out_dir, device, reporter, batch_size, workers, amp
         )
+    except _UpToDate:
+        reporter.log(f"{out_dir} is up to date: nothing new or changed")
+        meta = read_current(out_dir, lambda folder: read_vectors_in(folder, out_dir)[1])
+        return {**meta, "embedded": 0, "reused": meta["count"], "skipped": 0}
+
+
+def _embed_generation(
+    model: nn.Module,
+    network: Network,
+    files: Sequence[Path],
+    labels: Sequence[str],
+    ids: np.ndarray,
+    out_dir: Path,
+    device: torch.device,
+    reporter: Reporter,
+    batch_size: int,
+    workers: int,
+    amp: str,
+) -> dict[str, Any]:
+    model_config = network.config
+    stats = file_stats(files)
+    with new_generation(out_dir, VECTORS_FILES) as gen:
+        previous = read_previous(out_dir, network.fingerprint)
+        job = plan(files, ids, stats, previous)
+        todo = np.flatnonzero(job.reuse < 0)
+        if previous is not None and not len(todo) and len(previous.rows) == len(files):
+            raise _UpToDate
+        dim = model_config.dimension or model_config.embedding_dim
+        fresh_path = gen / ".fresh.npy"  # the new vectors, removed once assembled
+        fresh = _open_npy(fresh_path, (len(todo), dim))
         todo_files = [files[i] for i in todo.tolist()]
         result = embed_files(
             model, todo_files, model_config, device, reporter, batch_size, workers, amp, out=fresh
@@ -346,39 +372,47 @@ def embed_to_folder(
         embedded = np.full(len(files), -1, dtype=np.int64)
         embedded[todo[result.rows]] = np.arange(len(result.rows))
         keep = np.flatnonzero((job.reuse >= 0) | (embedded >= 0))  # input order
-        with atomic_path(out_dir / "vectors.npy") as tmp:
-            final = np.lib.format.open_memmap(
-                tmp, mode="w+", dtype=np.float32, shape=(len(keep), dim)
-            )
-            _assemble(final, keep, job.reuse, embedded, previous, fresh)
-            final.flush()
-            del final
-        del fresh
-    finally:
-        fresh_path.unlink(missing_ok=True)
-    # Absolute paths: results and --exclude-self mean the same from any working directory.
-    rows = [
-        (int(job.ids[i]), os.path.abspath(files[i]), labels[i], *stats[i]) for i in keep.tolist()
-    ]
-    write_items(out_dir / "items.csv", rows)
-    skipped = [(str(todo_files[i]), reason) for i, reason in result.failed]
-    write_skipped(out_dir / "skipped.csv", skipped)
-    meta = {
-        "format": VECTORS_FORMAT,
-        "version": 1,
-        "pactl_version": __version__,
-        "dimension": dim,
-        "count": len(keep),
-        "embedded": len(result.rows),
-        "reused": int((job.reuse >= 0).sum()),
-        "skipped": len(skipped),
-        "metric": "ip",
-        "checkpoint": network.checkpoint,  # None: the backbone of model_config, no checkpoint
-        "fingerprint": network.fingerprint,
-        "model_config": to_dict(model_config),
-    }
-    atomic_write_text(out_dir / "meta.json", json.dumps(meta, indent=2) + "\n")
+        final = _open_npy(gen / "vectors.npy", (len(keep), dim))
+        _assemble(final, keep, job.reuse, embedded, previous, fresh)
+        final.flush()
+        del final, fresh, previous
+        fresh_path.unlink()
+        # Absolute paths: results and --exclude-self mean the same from any working directory.
+        rows = [
+            (int(job.ids[i]), os.path.abspath(files[i]), labels[i], *stats[i])
+            for i in keep.tolist()
+        ]
+        write_rows(gen / "items.csv", ITEMS_COLUMNS, rows)
+        skipped = [(str(todo_files[i]), reason) for i, reason in result.failed]
+        write_rows(gen / "skipped.csv", ("path", "reason"), skipped)
+        meta = {
+            "format": VECTORS_FORMAT,
+            "version": VECTORS_VERSION,
+            "pactl_version": __version__,
+            "dimension": dim,
+            "count": len(keep),
+            "embedded": len(result.rows),
+            "reused": int((job.reuse >= 0).sum()),
+            "skipped": len(skipped),
+            "metric": "ip",
+            "checkpoint": network.checkpoint,  # None: the backbone of model_config
+            "fingerprint": network.fingerprint,
+            "model_config": to_dict(model_config),
+        }
+        meta = record_files(gen, meta)
+        (gen / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+class _UpToDate(Exception):
+    """Nothing new or changed: the current generation stays."""
+
+
+def _open_npy(path: Path, shape: tuple[int, int]) -> np.memmap:
+    """A writable memory-mapped .npy whose blocks are reserved on disk up front."""
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
+    allocate(path, os.path.getsize(path))
+    return array
 
 
 def _assemble(
@@ -402,21 +436,59 @@ def _assemble(
         final[start : start + len(rows)] = block
 
 
+MAX_DIMENSION = 65_536
+MAX_COUNT = 2**40
+
+
 def read_vectors(folder: Path) -> tuple[np.ndarray, dict[str, Any]]:
-    """The vectors (memory-mapped) and meta of an embed output folder."""
-    meta_path = folder / "meta.json"
+    """The vectors (memory-mapped) and meta of an embed output folder's current generation."""
+    return read_current(folder, lambda gen: read_vectors_in(gen, folder))
+
+
+def read_embedded(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
+    """Vectors (memory-mapped), ItemTable and meta of an embed output folder, all three from
+    one generation."""
+    from pactl.index import ItemTable
+
+    def read(gen: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
+        vectors, meta = read_vectors_in(gen, folder)
+        items = ItemTable.read(gen / "items.csv")
+        if len(items) != len(vectors):
+            raise PactlError(
+                f"{folder}: items.csv has {len(items):,} rows for {len(vectors):,} vectors: "
+                "run `pactl embed` again"
+            )
+        return vectors, items, meta
+
+    return read_current(folder, read)
+
+
+def read_vectors_in(gen: Path, folder: Path) -> tuple[np.ndarray, dict[str, Any]]:
+    """read_vectors on one generation `gen` of `folder` (named in messages)."""
+    fix = "run `pactl embed` again"
     for name in ("vectors.npy", "items.csv", "meta.json"):
-        if not (folder / name).is_file():
+        if not (gen / name).is_file():
             raise PactlError(f"{folder} lacks {name}: is it the output of `pactl embed`?")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise PactlError(f"{meta_path} is not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != VECTORS_FORMAT:
+    meta_path = folder / "meta.json"
+    meta = records.read_json_object(gen / "meta.json", meta_path, "a pactl vectors meta.json")
+    if meta.get("format") != VECTORS_FORMAT:
         raise PactlError(f"{meta_path} is not a pactl vectors file")
-    vectors = np.load(folder / "vectors.npy", mmap_mode="r")
-    if vectors.ndim != 2 or vectors.shape[0] != meta["count"] or vectors.dtype != np.float32:
+    version = records.field(meta, "version", int, meta_path)
+    if version > VECTORS_VERSION:
+        raise PactlError(f"{meta_path} was written by a newer pactl (version {version})")
+    dim = records.field(meta, "dimension", int, meta_path, 1, MAX_DIMENSION)
+    count = records.field(meta, "count", int, meta_path, 0, MAX_COUNT)
+    records.field(meta, "fingerprint", str, meta_path)
+    records.field(meta, "model_config", dict, meta_path)
+    records.field(meta, "checkpoint", str, meta_path, optional=True)
+    check_files(gen, meta, folder, fix)
+    try:
+        vectors = np.load(gen / "vectors.npy", mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise PactlError(f"{folder}/vectors.npy is not a float32 .npy array ({e}): {fix}") from None
+    if vectors.ndim != 2 or vectors.shape != (count, dim) or vectors.dtype != np.float32:
         raise PactlError(
-            f"{folder}/vectors.npy does not match its meta.json (shape {vectors.shape})"
+            f"{folder}/vectors.npy ({vectors.dtype} {vectors.shape}) does not match its "
+            f"meta.json ({count:,} x {dim} float32): {fix}"
         )
     return vectors, meta

@@ -8,6 +8,10 @@ L2-normalised vectors, so every index here uses METRIC_INNER_PRODUCT.
 An IVF index over more vectors than memory holds is built shard by shard (build_ondisk_index):
 its inverted lists go to a fourth file, `index.ivfdata`, which searches read through the page
 cache.
+
+A bundle's files change together: each save writes a new generation of the folder and switches
+to it in one rename (pactl.fsutil.new_generation), so a reader, or a kill, sees the old bundle
+or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -29,11 +34,17 @@ from typing import Any
 import faiss
 import numpy as np
 
-from pactl import __version__
+from pactl import __version__, records
 from pactl.config import IndexConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_path, atomic_write_text
+from pactl.fsutil import (
+    check_files,
+    new_generation,
+    read_current,
+    record_files,
+    writer_lock,
+)
 from pactl.search import exclude_by_id
 
 BUNDLE_FORMAT = "pactl.bundle"
@@ -41,8 +52,10 @@ BUNDLE_VERSION = 1
 VECTORS_FORMAT = "pactl.vectors"
 INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
 IVFDATA_FILE = "index.ivfdata"  # the inverted lists of an on-disk bundle
-PENDING_IVFDATA = ".index.ivfdata.pending"  # merged lists not yet moved in by save_bundle
+BUNDLE_FILES = (INDEX_FILE, ITEMS_FILE, META_FILE, IVFDATA_FILE)
+PENDING_IVFDATA = ".index.ivfdata.pending"  # merged lists not yet moved in by write_bundle
 MERGE_DIR = ".merge"  # per-shard indexes while build_ondisk_index runs
+MAX_SEARCH_SETTING = 10_000_000  # nprobe / efSearch beyond this is a typo or a tampered file
 ITEMS_HEADER = ("id", "path", "label")
 ON_DISK_CHOICES = ("auto", "yes", "no")
 
@@ -98,7 +111,8 @@ class ItemTable:
         ids: list[str] = []
         paths: list[str] = []
         labels: list[str] = []
-        with open(path, newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's BOM
+        # -sig: a spreadsheet's BOM; surrogateescape: file names that are not UTF-8
+        with open(path, newline="", encoding="utf-8-sig", errors="surrogateescape") as f:
             reader = csv.reader(f)
             header = next(reader, None)
             if header is None or tuple(h.strip() for h in header[:3]) != ITEMS_HEADER:
@@ -114,8 +128,10 @@ class ItemTable:
         return cls(_parse_ids(ids, path), _strings(paths), _strings(labels, share=True))
 
     def write(self, path: Path) -> None:
-        with atomic_path(path) as tmp, open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f, lineterminator="\n")
+        from pactl.embed import ITEMS_ENCODING, csv_writer
+
+        with open(path, "w", newline="", **ITEMS_ENCODING) as f:  # type: ignore[call-overload]
+            writer = csv_writer(f)
             writer.writerow(ITEMS_HEADER)
             rows = zip(self.ids.tolist(), self.paths.tolist(), self.labels.tolist(), strict=True)
             writer.writerows(rows)
@@ -256,8 +272,25 @@ def build_index(
     }
 
 
+def check_factory(factory: str) -> None:
+    """Refuse factory strings that FAISS accepts but then aborts the process on (a zero list
+    count, code size or graph degree: `HNSW0`, `IVF0,Flat`, `PQ4x0`, `NSG2` ...) or fails to
+    parse with a C++ exception (numbers beyond 32 bits)."""
+    if not factory or len(factory) > 200 or not re.fullmatch(r"[A-Za-z0-9_,()x.+-]+", factory):
+        raise PactlError(f"{factory!r} is not a FAISS factory string (e.g. Flat, IVF1024,PQ32)")
+    for match in re.finditer(r"([A-Za-z]*)(\d+)", factory):
+        name, number = match.group(1), int(match.group(2))
+        least = {"HNSW": 2, "NSG": 3}.get(name.upper(), 1)
+        if not least <= number < 2**31:
+            raise PactlError(
+                f"factory {factory!r}: {name}{number} is out of range "
+                f"({name or 'the number'} must be from {least} to {2**31 - 1:,})"
+            )
+
+
 def new_index(factory: str, dim: int) -> Any:
     """An empty inner-product index; kinds without their own id storage get an IndexIDMap2."""
+    check_factory(factory)
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
@@ -513,8 +546,6 @@ def build_ondisk_index(
     by shard too. Returns the index and build_index's record, with on_disk and shards added.
     Disk: the shards' indexes and the merged file side by side, about twice the lists' size.
     """
-    if bundle_dir.exists() and not bundle_dir.is_dir():
-        raise PactlError(f"{bundle_dir} exists and is not a folder")
     n, dim = _check_parts(parts)
     factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
     started = time.perf_counter()
@@ -667,16 +698,25 @@ def save_bundle(
     items_csv_source: Path | list[tuple[int, str, str]] | ItemTable,
     meta: dict[str, Any],
 ) -> None:
-    """Write index.faiss, items.csv, meta.json into `out`, each atomically, meta.json last.
+    """Write index.faiss, items.csv and meta.json (and index.ivfdata) as a new generation of
+    the bundle folder `out`, which becomes current in one step once all are on disk."""
+    with new_generation(out, BUNDLE_FILES) as gen:
+        write_bundle(gen, index, items_csv_source, meta)
+
+
+def write_bundle(
+    gen: Path,
+    index: Any,
+    items_csv_source: Path | list[tuple[int, str, str]] | ItemTable,
+    meta: dict[str, Any],
+) -> None:
+    """Write a bundle's files into the fresh generation folder `gen`.
 
     `meta` should carry the vectors' checkpoint, fingerprint and model_config and the tuning
-    record of build_index; format, version, dimension, count and the index file's size are set
-    here from the index itself. meta.json goes last and records the size of index.faiss, so a
-    bundle interrupted mid-save is refused by load_bundle rather than half-read. An index with
-    on-disk lists (build_ondisk_index) also gets index.ivfdata, its size recorded alike.
+    record of build_index; format, version, dimension, count, the generation and the size of
+    each file are set here from the index itself, so a loader can tell that the files belong
+    together. An index with on-disk lists (build_ondisk_index) also gets index.ivfdata.
     """
-    if out.exists() and not out.is_dir():
-        raise PactlError(f"{out} exists and is not a folder")
     lists = _ondisk_lists(index)
     items = (
         items_csv_source
@@ -687,33 +727,26 @@ def save_bundle(
     )
     if len(items) != index.ntotal:
         raise PactlError(f"{len(items)} items for an index of {index.ntotal} vectors")
-    out.mkdir(parents=True, exist_ok=True)
-    sizes: dict[str, Any] = {}
     if lists is not None:
-        sizes = _write_on_disk(out, index, lists)
-    else:
-        with atomic_path(out / INDEX_FILE) as tmp:
-            faiss.write_index(index, str(tmp))
-            sizes["index_bytes"] = tmp.stat().st_size
+        _place_lists(gen, lists)
+    faiss.write_index(index, str(gen / INDEX_FILE))
     if isinstance(items_csv_source, Path):
-        with atomic_path(out / ITEMS_FILE) as tmp:
-            shutil.copyfile(items_csv_source, tmp)
+        shutil.copyfile(items_csv_source, gen / ITEMS_FILE)
     else:
-        items.write(out / ITEMS_FILE)
+        items.write(gen / ITEMS_FILE)
     derived = {
         "dimension": int(index.d),
         "count": int(index.ntotal),
         "metric": "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2",
         "on_disk": lists is not None,
-        **sizes,
+        "index_bytes": (gen / INDEX_FILE).stat().st_size,
+        **({"ivfdata_bytes": (gen / IVFDATA_FILE).stat().st_size} if lists is not None else {}),
     }
     header = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "pactl_version": __version__}
-    mine = {*header, *derived, "index_bytes", "ivfdata_bytes"}
+    mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files"}
     rest = {k: v for k, v in meta.items() if k not in mine}
-    full = {**header, **rest, **derived}
-    atomic_write_text(out / META_FILE, json.dumps(full, indent=2) + "\n")
-    if lists is None:  # left by an earlier on-disk build into this folder
-        (out / IVFDATA_FILE).unlink(missing_ok=True)
+    full = record_files(gen, {**header, **rest, **derived})
+    (gen / META_FILE).write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
 
 
 def _ondisk_lists(index: Any) -> Any | None:
@@ -731,30 +764,24 @@ def _ondisk_lists(index: Any) -> Any | None:
     return lists
 
 
-def _write_on_disk(out: Path, index: Any, lists: Any) -> dict[str, int]:
-    """Write index.faiss and put its lists file in place as index.ivfdata; returns both sizes.
+def _place_lists(gen: Path, lists: Any) -> None:
+    """Put the lists file into `gen` as index.ivfdata and point the index at that name.
 
-    index.faiss records the lists' file name, so it is set to the final one first; readers open
-    it with IO_FLAG_ONDISK_SAME_DIR, which keeps that name's last component and looks for it
-    beside index.faiss, so the bundle folder can move. The lists file is staged in `out` and
-    renamed into place right before index.faiss is, with meta.json removed first: until meta.json
-    is written again the bundle reads as unfinished, never as new lists under an old index.faiss.
+    index.faiss records the lists' file name; readers open it with IO_FLAG_ONDISK_SAME_DIR,
+    which keeps that name's last component and looks for it beside index.faiss, so the folder
+    can move. Lists merged into `gen` (build_ondisk_index, an --add) are renamed; any other
+    lists file (another bundle's) is copied, never taken from it.
     """
-    final, staged = out / IVFDATA_FILE, out / PENDING_IVFDATA
+    final = gen / IVFDATA_FILE
     source = Path(lists.filename)
-    if source.resolve() not in (final.resolve(), staged.resolve()):
-        shutil.copyfile(source, staged)  # another bundle's lists: copied, never taken from it
-        source = staged
-    lists.filename = str(final)
-    with atomic_path(out / INDEX_FILE) as tmp:
-        faiss.write_index(index, str(tmp))
-        index_bytes = tmp.stat().st_size
+    if source.parent.resolve() == gen.resolve():
+        with open(source, "rb") as f:  # the merge wrote through a shared mapping
+            os.fsync(f.fileno())
         if source.resolve() != final.resolve():
-            with open(source, "rb") as f:  # the merge wrote through a shared mapping
-                os.fsync(f.fileno())
-            (out / META_FILE).unlink(missing_ok=True)
             os.replace(source, final)
-    return {"index_bytes": index_bytes, "ivfdata_bytes": final.stat().st_size}
+    else:
+        shutil.copyfile(source, final)
+    lists.filename = str(final)
 
 
 def add_to_bundle(
@@ -767,55 +794,69 @@ def add_to_bundle(
     """Append vectors (with their items) to a bundle; they must come from the bundle's model.
 
     `meta_check` is the new vectors' meta.json: its dimension and model fingerprint must match
-    the bundle's. New ids must not be in the bundle yet. The tuned search setting is kept. An
-    on-disk bundle gets a new index.ivfdata: its lists and the new ones merged into a fresh file.
+    the bundle's. New ids must not be in the bundle yet. The tuned search setting is kept. The
+    result is a new generation of the bundle (the old one is only read); an on-disk bundle gets
+    a new index.ivfdata, its lists and the new ones merged into a fresh file.
     """
-    bundle = load_bundle(bundle_dir, mmap=False)
-    x = _as_matrix(vectors, "vectors")
-    dim = int(bundle.index.d)
-    for given in (x.shape[1], meta_check.get("dimension", x.shape[1])):
-        if given != dim:
-            raise PactlError(f"new vectors have dimension {given}; bundle {bundle_dir} has {dim}")
-    mine, theirs = bundle.meta.get("fingerprint"), meta_check.get("fingerprint")
-    if mine != theirs:
-        raise PactlError(
-            f"new vectors come from another model (fingerprint {str(theirs)[:12]}, bundle "
-            f"{bundle_dir} has {str(mine)[:12]}): embed them with the bundle's checkpoint"
-        )
-    if len(items) != len(x):
-        raise PactlError(f"{len(items)} items for {len(x)} new vectors")
-    new = ItemTable.from_rows(items)
-    clash = new.ids[bundle.items.positions(new.ids) >= 0]
-    if len(clash):
-        raise PactlError(
-            f"id {int(clash[0])} is already in {bundle_dir} ({len(clash)} clashing ids); "
-            f"number new items from {bundle.items.max_id() + 1}"
-        )
-    index = bundle.index
-    if _ondisk_lists(index) is not None:
-        index = _add_on_disk(index, x, new.ids, bundle_dir, reporter or QUIET)
-    else:
-        add_vectors(index, x, new.ids, reporter or QUIET)
-    save_bundle(bundle_dir, index, bundle.items.concat(new), bundle.meta)
+    with writer_lock(bundle_dir):
+        bundle = load_bundle(bundle_dir, mmap=False)
+        x = _as_matrix(vectors, "vectors")
+        dim = int(bundle.index.d)
+        for given in (x.shape[1], meta_check.get("dimension", x.shape[1])):
+            if given != dim:
+                raise PactlError(
+                    f"new vectors have dimension {given}; bundle {bundle_dir} has {dim}"
+                )
+        mine, theirs = bundle.meta.get("fingerprint"), meta_check.get("fingerprint")
+        if mine != theirs:
+            raise PactlError(
+                f"new vectors come from another model (fingerprint {str(theirs)[:12]}, bundle "
+                f"{bundle_dir} has {str(mine)[:12]}): embed them with the bundle's checkpoint"
+            )
+        if len(items) != len(x):
+            raise PactlError(f"{len(items)} items for {len(x)} new vectors")
+        new = ItemTable.from_rows(items)
+        clash = new.ids[bundle.items.positions(new.ids) >= 0]
+        if len(clash):
+            raise PactlError(
+                f"id {int(clash[0])} is already in {bundle_dir} ({len(clash)} clashing ids); "
+                f"number new items from {bundle.items.max_id() + 1}"
+            )
+        with new_generation(bundle_dir, BUNDLE_FILES) as gen:
+            index = bundle.index
+            if _ondisk_lists(index) is not None:
+                index = _add_on_disk(index, x, new.ids, gen, reporter or QUIET)
+            else:
+                add_vectors(index, x, new.ids, reporter or QUIET)
+            write_bundle(gen, index, bundle.items.concat(new), bundle.meta)
 
 
 def load_bundle(path: Path, mmap: bool = True) -> Bundle:
-    """Open a bundle, checking it is whole and consistent; sets the tuned search parameters.
+    """Open a bundle's current generation, checking it is whole and consistent; sets the tuned
+    search parameters.
 
     With `mmap`, index kinds that FAISS can map (IVF lists, flat codes) read their vectors from
     the file through the page cache instead of copying them into memory. An on-disk bundle
     (index.ivfdata) is always read that way, whatever `mmap` says.
     """
-    _check_files(path)
-    meta = _read_meta(path)
-    index, flag = _read_index(path, meta, mmap)
-    items = ItemTable.read(path / ITEMS_FILE)
+    check_folder(path)
+    return read_current(path, lambda gen: _load_generation(path, gen, mmap))
+
+
+def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
+    for name in (META_FILE, ITEMS_FILE, INDEX_FILE):
+        if not (gen / name).is_file():
+            raise PactlError(f"bundle {path} lacks {name}: rebuild it with `pactl index`")
+    meta = _read_meta(path, gen)
+    check_files(gen, meta, path, "rebuild the bundle with `pactl index`")
+    index, flag = _read_index(gen, meta, mmap)
+    items = ItemTable.read(gen / ITEMS_FILE)
     if len(items) != index.ntotal:
         raise PactlError(
             f"bundle {path} is inconsistent: {ITEMS_FILE} has {len(items):,} rows but "
             f"{INDEX_FILE} holds {index.ntotal:,} vectors; rebuild it with `pactl index`"
         )
-    if meta.get("dimension", index.d) != index.d:
+    if meta["dimension"] != index.d:
         raise PactlError(
             f"bundle {path}: meta.json says dimension {meta['dimension']}, "
             f"{INDEX_FILE} has {index.d}"
@@ -830,17 +871,22 @@ def load_bundle(path: Path, mmap: bool = True) -> Bundle:
     return Bundle(path, index, items, meta, mmapped=flag != 0)
 
 
-def _read_index(path: Path, meta: dict[str, Any], mmap: bool) -> tuple[Any, int]:
+def bundle_count(path: Path) -> int:
+    """The number of items in the bundle's current generation (read from its meta.json)."""
+    return int(read_current(path, lambda gen: _read_meta(path, gen))["count"])
+
+
+def _read_index(gen: Path, meta: dict[str, Any], mmap: bool) -> tuple[Any, int]:
     """index.faiss (and index.ivfdata), sizes checked against meta.json; returns the index and
     the FAISS read flag used."""
-    index_file, ivfdata = path / INDEX_FILE, path / IVFDATA_FILE
+    index_file, ivfdata = gen / INDEX_FILE, gen / IVFDATA_FILE
     _check_size(index_file, meta.get("index_bytes"))
     recorded = meta.get("on_disk")
     on_disk = bool(recorded) or (recorded is None and ivfdata.exists())
     if on_disk:
         if not ivfdata.is_file():
             raise PactlError(
-                f"bundle {path} lacks {IVFDATA_FILE} (its inverted lists): "
+                f"bundle {gen} lacks {IVFDATA_FILE} (its inverted lists): "
                 "rebuild it with `pactl index`"
             )
         _check_size(ivfdata, meta.get("ivfdata_bytes"))
@@ -886,22 +932,19 @@ def _check_size(file: Path, recorded: Any) -> None:
         )
 
 
-def _check_files(path: Path) -> None:
+def check_folder(path: Path) -> None:
+    """One line when `path` is not a folder that could be a bundle."""
     if not path.exists():
         raise PactlError(f"bundle {path} does not exist: build one with `pactl index`")
     if not path.is_dir():
         raise PactlError(f"bundle {path} is not a folder")
-    for name in (META_FILE, ITEMS_FILE, INDEX_FILE):
-        if not (path / name).is_file():
-            raise PactlError(f"bundle {path} lacks {name}: rebuild it with `pactl index`")
 
 
-def _read_meta(path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PactlError(f"{path / META_FILE} is not a pactl bundle's meta (bad JSON: {e})") from e
-    found = meta.get("format") if isinstance(meta, dict) else None
+def _read_meta(path: Path, gen: Path) -> dict[str, Any]:
+    """meta.json of a bundle generation, every field pactl uses checked (one line naming it)."""
+    where = path / META_FILE
+    meta = records.read_json_object(gen / META_FILE, where, "a pactl bundle's meta.json")
+    found = meta.get("format")
     if found != BUNDLE_FORMAT:
         vectors = found == VECTORS_FORMAT
         hint = "; it holds vectors: index them with `pactl index`" if vectors else ""
@@ -911,7 +954,29 @@ def _read_meta(path: Path) -> dict[str, Any]:
             f"bundle {path} has version {meta.get('version')!r}; pactl {__version__} reads "
             f"version {BUNDLE_VERSION}: rebuild it with `pactl index`"
         )
+    records.field(meta, "dimension", int, where, 1, 65_536)
+    records.field(meta, "count", int, where, 0, 2**40)
+    records.field(meta, "fingerprint", str, where, optional=True)
+    records.field(meta, "checkpoint", str, where, optional=True)
+    records.field(meta, "model_config", dict, where, optional=True)
+    records.field(meta, "factory", str, where, optional=True)
+    records.field(meta, "on_disk", bool, where, optional=True)
+    for key in ("index_bytes", "ivfdata_bytes"):
+        records.field(meta, key, int, where, 0, 2**62, optional=True)
+    params = records.field(meta, "search_params", str, where, optional=True)
+    if params:
+        _check_search_params(params, where)
     return meta
+
+
+def _check_search_params(params: str, where: Path) -> None:
+    """`name=value` pairs with positive integer values: FAISS aborts on some zero settings."""
+    for pair in params.split(","):
+        name, _, value = pair.partition("=")
+        if not re.fullmatch(r"[A-Za-z_]+", name.strip()) or not value.strip().isdigit():
+            raise PactlError(f"{where}: search_params {params!r} is not name=number,...")
+        if not 1 <= int(value) <= MAX_SEARCH_SETTING:
+            raise PactlError(f"{where}: search_params {params!r}: {name} is out of range")
 
 
 def _mmap_flag(index_file: Path) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -91,14 +90,13 @@ def gather_vectors(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
 def read_parts(folder: Path) -> tuple[list[tuple[np.ndarray, Any]], dict[str, Any]]:
     """Per shard, in shard order, its memory-mapped vectors and ItemTable, and the set's meta
     (count summed); a folder without shards/ is one part. Nothing is joined or copied."""
-    from pactl.embed import read_vectors
-    from pactl.index import ItemTable
+    from pactl.embed import read_embedded
 
     shards = sorted((folder / "shards").glob("*-of-*/meta.json"))
     if not shards:
-        vectors, meta = read_vectors(folder)
-        return [(vectors, ItemTable.read(folder / "items.csv"))], meta
-    read = [(read_vectors(m.parent), ItemTable.read(m.parent / "items.csv")) for m in shards]
+        vectors, items, meta = read_embedded(folder)
+        return [(vectors, items)], meta
+    read = [read_embedded(m.parent) for m in shards]
     counts = {m.parent.name.split("-of-")[1] for m in shards}
     expected = int(counts.pop()) if len(counts) == 1 else -1
     if expected != len(shards):
@@ -106,11 +104,11 @@ def read_parts(folder: Path) -> tuple[list[tuple[np.ndarray, Any]], dict[str, An
             f"{folder}/shards holds {len(shards)} finished shards of {sorted(counts) or '?'}; "
             "finish the missing ones with `pactl embed ... --shard i/n`"
         )
-    fingerprints = {meta["fingerprint"] for (_, meta), _ in read}
+    fingerprints = {meta["fingerprint"] for _, _, meta in read}
     if len(fingerprints) != 1:
         raise PactlError(f"the shards in {folder}/shards were embedded with different models")
-    parts = [(vectors, items) for (vectors, _), items in read]
-    return parts, {**read[0][0][1], "count": sum(len(v) for v, _ in parts)}
+    parts = [(vectors, items) for vectors, items, _ in read]
+    return parts, {**read[0][2], "count": sum(len(v) for v, _ in parts)}
 
 
 def _join_parts(parts: list[tuple[np.ndarray, Any]]) -> tuple[np.ndarray, Any]:
@@ -131,28 +129,51 @@ def index_vectors(
     Shards are joined in memory, or, with on-disk merging (config.on_disk), indexed one at a time
     into an IVF whose lists go to index.ivfdata.
     """
-    from pactl.index import ItemTable, build_index, build_ondisk_index, save_bundle, wants_on_disk
+    from pactl.fsutil import new_generation
+    from pactl.index import (
+        BUNDLE_FILES,
+        ItemTable,
+        build_index,
+        build_ondisk_index,
+        wants_on_disk,
+        write_bundle,
+    )
 
     parts, meta = read_parts(vectors_dir)
     if meta["count"] == 0:
         raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
     out = out or default_bundle_dir(meta.get("checkpoint"))
+    check_apart(vectors_dir, out)
     dim = int(parts[0][0].shape[1])
-    if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
-        items = ItemTable.join([table for _, table in parts])
-        shards = [(vectors, part_items.ids) for vectors, part_items in parts]
-        index, tuning = build_ondisk_index(shards, config, reporter, out)
-    else:
-        vectors, items = _join_parts(parts)
-        index, tuning = build_index(np.ascontiguousarray(vectors), config, reporter, ids=items.ids)
-    bundle_meta = {
-        **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
-        "model_config": meta["model_config"],
-        "vectors": str(vectors_dir.resolve()),
-        **tuning,
-    }
-    save_bundle(out, index, items, bundle_meta)
+    with new_generation(out, BUNDLE_FILES) as gen:
+        if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
+            items = ItemTable.join([table for _, table in parts])
+            shards = [(vectors, part_items.ids) for vectors, part_items in parts]
+            index, tuning = build_ondisk_index(shards, config, reporter, gen)
+        else:
+            vectors, items = _join_parts(parts)
+            index, tuning = build_index(
+                np.ascontiguousarray(vectors), config, reporter, ids=items.ids
+            )
+        bundle_meta = {
+            **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
+            "model_config": meta["model_config"],
+            "vectors": str(vectors_dir.resolve()),
+            **tuning,
+        }
+        write_bundle(gen, index, items, bundle_meta)
     return out, bundle_meta
+
+
+def check_apart(vectors_dir: Path, out: Path) -> None:
+    """A bundle folder may hold its vectors folder (`pactl index IMAGES` makes out/vectors), but
+    must not be it, nor lie inside it: the bundle would replace its own input."""
+    source, target = vectors_dir.resolve(), out.resolve()
+    if target == source or source in target.parents:
+        raise PactlError(
+            f"the bundle {out} would overwrite its own input {vectors_dir}: "
+            "give --out another folder"
+        )
 
 
 def add_to_index(
@@ -164,9 +185,27 @@ def add_to_index(
     workers: int = 0,
 ) -> dict[str, Any]:
     """Embed the images of `source` that the bundle lacks with its own model and append them."""
-    from pactl.index import add_to_bundle, load_bundle
+    from pactl.fsutil import remove_stale, writer_lock
+    from pactl.index import check_folder, load_bundle
 
-    bundle = load_bundle(bundle_dir, mmap=False)
+    check_folder(bundle_dir)
+    with writer_lock(bundle_dir):  # one writer at a time; queries go on reading
+        remove_stale(bundle_dir)  # a .add left by a killed --add
+        bundle = load_bundle(bundle_dir, mmap=False)
+        return _add_locked(source, bundle, bundle_dir, split, device_name, reporter, workers)
+
+
+def _add_locked(
+    source: str,
+    bundle: Any,
+    bundle_dir: Path,
+    split: str | None,
+    device_name: str,
+    reporter: Reporter,
+    workers: int,
+) -> dict[str, Any]:
+    from pactl.index import add_to_bundle, bundle_count
+
     known = set(bundle.items.paths.tolist())
     files, labels = source_items(source, split, reporter)
     new = [
@@ -176,8 +215,6 @@ def add_to_index(
         reporter.log(f"every image of {source} is already in {bundle_dir}")
         return {"added": 0, "count": bundle.index.ntotal}
     scratch = bundle_dir / ".add"
-    if scratch.exists():  # left by an interrupted --add
-        shutil.rmtree(scratch)
     first = bundle.items.max_id() + 1
     ids = np.arange(first, first + len(new), dtype=np.int64)
     recorded = bundle.meta.get("checkpoint")
@@ -195,14 +232,15 @@ def add_to_index(
         reporter,
         workers,
     )
-    vectors, items, meta = gather_vectors(scratch)
-    rows = list(zip(items.ids.tolist(), items.paths.tolist(), items.labels.tolist(), strict=True))
-    add_to_bundle(bundle_dir, np.ascontiguousarray(vectors), rows, meta, reporter)
-    shutil.rmtree(scratch)
-    return {
-        "added": len(rows),
-        "count": int(json.loads((bundle_dir / "meta.json").read_text())["count"]),
-    }
+    try:
+        vectors, items, meta = gather_vectors(scratch)
+        rows = list(
+            zip(items.ids.tolist(), items.paths.tolist(), items.labels.tolist(), strict=True)
+        )
+        add_to_bundle(bundle_dir, np.ascontiguousarray(vectors), rows, meta, reporter)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {"added": len(rows), "count": bundle_count(bundle_dir)}
 
 
 def embed_source_files(

@@ -18,6 +18,49 @@ TINY = [
 ]  # fmt: skip
 
 
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real, small tmpfs mounted at `tmp_path/disk` (4 MiB), unmounted afterwards: writes to it
+    fail with a genuine ENOSPC once it fills. Skipped where mounting is not allowed."""
+    import shutil
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = shutil.which("mount")
+    if mount is None:
+        pytest.skip("no mount command: the real full-disk case cannot be set up here")
+    done = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.decode().strip()[:80]})")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def fill(disk: Path, leave: int = 0) -> None:
+    """Fill the filesystem at `disk` until fewer than `leave` bytes are free."""
+    import errno
+    import os
+
+    with open(disk / ".filler", "wb") as f:
+        chunk = b"\0" * 65536
+        while True:
+            free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+            if free <= leave:
+                break
+            try:
+                f.write(chunk[: max(1, min(len(chunk), free - leave))])
+                f.flush()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                break
+
+
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Every test gets its own PACTL_HOME, runs folder and working directory."""

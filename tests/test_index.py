@@ -16,6 +16,7 @@ from conftest import clustered, unit
 from pactl.config import IndexConfig
 from pactl.console import QUIET
 from pactl.errors import PactlError
+from pactl.fsutil import current_dir
 from pactl.index import (
     BUNDLE_FORMAT,
     ItemTable,
@@ -245,7 +246,7 @@ def test_missing_folder(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["index.faiss", "items.csv", "meta.json"])
 def test_missing_file(name: str, flat_bundle: Path) -> None:
-    (flat_bundle / name).unlink()
+    (current_dir(flat_bundle) / name).unlink()
     with pytest.raises(PactlError, match=f"lacks {re.escape(name)}"):
         load_bundle(flat_bundle)
 
@@ -265,7 +266,7 @@ def test_wrong_format_and_version(flat_bundle: Path) -> None:
     with pytest.raises(PactlError, match="version 2"):
         load_bundle(flat_bundle)
     (flat_bundle / "meta.json").write_text("{not json")
-    with pytest.raises(PactlError, match="not a pactl bundle"):
+    with pytest.raises(PactlError, match="meta.json is not a pactl bundle's meta.json .bad JSON"):
         load_bundle(flat_bundle)
 
 
@@ -296,6 +297,9 @@ def test_corrupt_index(flat_bundle: Path) -> None:
 def test_count_mismatch(flat_bundle: Path) -> None:
     lines = (flat_bundle / "items.csv").read_text().splitlines(keepends=True)
     (flat_bundle / "items.csv").write_text("".join(lines[:-1]))
+    with pytest.raises(PactlError, match="items.csv is truncated or corrupt.*meta.json records"):
+        load_bundle(flat_bundle)  # the sizes meta.json records catch it first
+    _edit_meta(flat_bundle, files=None)  # as a bundle of an older pactl, which records none
     with pytest.raises(PactlError, match="9,999 rows but index.faiss holds 10,000"):
         load_bundle(flat_bundle)
 

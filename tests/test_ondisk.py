@@ -17,7 +17,9 @@ from conftest import clustered, make_class_folder, run_cli, train_tiny, unit
 from pactl.config import IndexConfig
 from pactl.console import QUIET
 from pactl.errors import PactlError
+from pactl.fsutil import current_dir, new_generation
 from pactl.index import (
+    BUNDLE_FILES,
     IVFDATA_FILE,
     MERGE_DIR,
     PENDING_IVFDATA,
@@ -29,6 +31,7 @@ from pactl.index import (
     load_bundle,
     save_bundle,
     wants_on_disk,
+    write_bundle,
 )
 from pactl.pipeline import index_vectors
 from pactl.search import search
@@ -68,8 +71,12 @@ def parts_of(base: np.ndarray, shards: int = SHARDS) -> list[tuple[np.ndarray, n
 
 
 def ondisk_bundle(base: np.ndarray, out: Path, factory: str = "IVF64,Flat") -> dict[str, Any]:
-    index, record = build_ondisk_index(parts_of(base), IndexConfig(factory=factory), QUIET, out)
-    save_bundle(out, index, rows_for(np.arange(len(base))), {"fingerprint": FINGERPRINT, **record})
+    """As `pactl index` builds one: merged straight into a new generation of the folder."""
+    with new_generation(out, BUNDLE_FILES) as gen:
+        config = IndexConfig(factory=factory)
+        index, record = build_ondisk_index(parts_of(base), config, QUIET, gen)
+        rows = rows_for(np.arange(len(base)))
+        write_bundle(gen, index, rows, {"fingerprint": FINGERPRINT, **record})
     return record
 
 
@@ -148,15 +155,16 @@ def test_bundle_loads_searches_and_moves(
     base, queries = data
     out = tmp_path / "bundle"
     record = ondisk_bundle(base, out)
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["index.faiss", IVFDATA_FILE, "items.csv", "meta.json"]
-    )  # no scratch folder, no pending lists file
+    visible = ["index.faiss", IVFDATA_FILE, "items.csv", "meta.json"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(visible)
+    gen = current_dir(out)
+    assert sorted(p.name for p in gen.iterdir()) == sorted(visible)  # no scratch, no pending
     meta = json.loads((out / "meta.json").read_text())
     assert meta["on_disk"] is True and meta["count"] == len(base)
     assert meta["ivfdata_bytes"] == (out / IVFDATA_FILE).stat().st_size > 0
     # index.faiss names the final lists file, not the one the merge wrote
     raw = (out / "index.faiss").read_bytes()
-    assert str(out / IVFDATA_FILE).encode() in raw and PENDING_IVFDATA.encode() not in raw
+    assert str(gen / IVFDATA_FILE).encode() in raw and PENDING_IVFDATA.encode() not in raw
     capfd.readouterr()
     bundle = load_bundle(out, mmap=False)  # on-disk lists are read in place whatever mmap says
     assert capfd.readouterr().out == ""  # FAISS's chatter kept off stdout (results go there)
@@ -191,7 +199,7 @@ def test_broken_ivfdata_is_refused(damage: str, tmp_path: Path, data: Any) -> No
     base, _ = data
     out = tmp_path / "bundle"
     ondisk_bundle(base, out)
-    ivfdata = out / IVFDATA_FILE
+    ivfdata = current_dir(out) / IVFDATA_FILE
     if damage == "missing":
         ivfdata.unlink()
         with pytest.raises(PactlError, match=f"lacks {IVFDATA_FILE}.*pactl index"):
@@ -233,6 +241,7 @@ def test_add_to_an_on_disk_bundle(
     assert meta["on_disk"] and meta["ivfdata_bytes"] == (out / IVFDATA_FILE).stat().st_size
     assert meta["search_params"] == record["search_params"]  # the tuned setting is kept
     assert not (out / PENDING_IVFDATA).exists()
+    assert not (current_dir(out) / PENDING_IVFDATA).exists()
     # The same as one in-memory index of everything under the bundle's trained quantiser.
     memory = empty_like(bundle.index)
     memory.add_with_ids(base, np.arange(len(base), dtype=np.int64))
