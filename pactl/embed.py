@@ -325,15 +325,28 @@ def embed_to_folder(
     batch_size: int = 128,
     workers: int = 0,
     amp: str = "none",
+    scratch: bool = False,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
     one new generation of `out_dir` (pactl.fsutil): a kill leaves the old output or the new.
+    `scratch`: a private folder, without the visible links.
 
     Run again into the same folder with the same model, only new or changed files are embedded.
     """
     try:
         return _embed_generation(
-            model, network, files, labels, ids, out_dir, device, reporter, batch_size, workers, amp
+            model,
+            network,
+            files,
+            labels,
+            ids,
+            out_dir,
+            device,
+            reporter,
+            batch_size,
+            workers,
+            amp,
+            scratch,
         )
     except _UpToDate:
         reporter.log(f"{out_dir} is up to date: nothing new or changed")
@@ -353,10 +366,11 @@ def _embed_generation(
     batch_size: int,
     workers: int,
     amp: str,
+    scratch: bool,
 ) -> dict[str, Any]:
     model_config = network.config
     stats = file_stats(files)
-    with new_generation(out_dir, VECTORS_FILES) as gen:
+    with new_generation(out_dir, VECTORS_FILES, links=not scratch) as gen:
         previous = read_previous(out_dir, network.fingerprint)
         job = plan(files, ids, stats, previous)
         todo = np.flatnonzero(job.reuse < 0)

@@ -223,11 +223,12 @@ def generation_of(folder: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def new_generation(folder: Path, managed: Collection[str]) -> Iterator[Path]:
+def new_generation(folder: Path, managed: Collection[str], links: bool = True) -> Iterator[Path]:
     """A fresh generation folder to write all of `folder`'s files into; when the block ends
     without error it becomes current in one rename, else it is removed and `folder` is as it
     was. `managed` names every visible file this kind of folder may hold: they become links
-    through `.pactl-current`, and those the new generation lacks are removed.
+    through `.pactl-current`, and those the new generation lacks are removed (`links=False`:
+    a private scratch folder, read through .pactl-current only).
 
     Holds the writer lock throughout; generations left by killed writers are removed first.
     """
@@ -242,7 +243,8 @@ def new_generation(folder: Path, managed: Collection[str]) -> Iterator[Path]:
             crash_point()
             _switch(folder, gen.name)
             crash_point()
-            _link_names(folder, gen, managed)
+            if links:
+                _link_names(folder, gen, managed)
             remove_stale(folder)
         except BaseException as e:
             if _pointer(folder) != gen.name:

@@ -231,6 +231,7 @@ def _add_locked(
         device_name,
         reporter,
         workers,
+        scratch=True,
     )
     try:
         vectors, items, meta = gather_vectors(scratch)
@@ -254,8 +255,10 @@ def embed_source_files(
     workers: int = 0,
     batch_size: int = 128,
     amp: str = "none",
+    scratch: bool = False,
 ) -> dict[str, Any]:
-    """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network."""
+    """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network
+    (`scratch`: into a private folder, pactl.embed.embed_to_folder)."""
     from pactl.checkpoint import open_network
     from pactl.embed import embed_to_folder, resolve_device
 
@@ -274,6 +277,7 @@ def embed_source_files(
         batch_size=batch_size,
         workers=workers,
         amp=amp,
+        scratch=scratch,
     )
 
 
