@@ -1,13 +1,34 @@
-"""Query results on stdout: a table, CSV or JSON Lines, or bare paths for xargs."""
+r"""Query results on stdout: a table, CSV or JSON Lines, or bare paths for xargs.
+
+Paths, labels and query names are data: a file name may hold any character but NUL and `/`,
+and bytes that are not UTF-8 (which Python holds as lone surrogates, U+DC80 to U+DCFF). What
+each format does with them:
+
+- table, for people: each name through console.visible() in a rich Text, so markup, :emoji:
+  codes, control characters and bidi overrides are shown, never acted on.
+- csv: exact. A field holding a line break (a lone `\r` too), a comma or a quote is quoted, and
+  bytes that are not UTF-8 are written as themselves (surrogateescape): read it back with
+  newline="" and errors="surrogateescape" and os.fsencode gives each name's bytes.
+- jsonl: exact and ASCII. json.dumps escapes every non-ASCII character (a lone surrogate as
+  "\udce9"), so each line is valid JSON in valid UTF-8; json.loads gives back the same str.
+- paths only: each path's own bytes (os.fsencode), then NUL (-0) or a newline, so `xargs -0`
+  gets the real file names. A name with a newline is still written as it is; newline-separated,
+  it reads as two, so stderr gets one warning that suggests -0.
+"""
 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
+from pactl.console import Reporter, visible
 
 
 class HitWriter:
@@ -16,26 +37,30 @@ class HitWriter:
     columns = ("query", "rank", "id", "path", "label", "score")
 
     def __init__(
-        self, console: Console, stream: TextIO, fmt: str, paths_only: bool, null: bool
+        self,
+        console: Console,
+        stream: TextIO,
+        fmt: str,
+        paths_only: bool,
+        null: bool,
+        reporter: Reporter | None = None,
     ) -> None:
+        """`reporter` (stderr by default) gets the warning about newlines in --paths-only."""
         self.console, self.stream, self.fmt = console, stream, fmt
         self.paths_only, self.end = paths_only, "\0" if null else "\n"
-        self.csv = csv.writer(stream, lineterminator="\n") if fmt == "csv" else None
-        self.header_done = False
+        self.reporter = reporter if reporter is not None else Reporter()
+        self.header_done = self.newline_warned = False
 
     def write(self, hits: list[list[Any]]) -> None:
         rows = [h for per_query in hits for h in per_query]
         if self.paths_only:
-            self.stream.write("".join(h.path + self.end for h in rows))
+            self._paths(rows)
         elif self.fmt == "table":
             self._table(hits)
-        elif self.csv is not None:
-            if not self.header_done:
-                self.csv.writerow(self.columns)
-                self.header_done = True
-            self.csv.writerows([self._values(h) for h in rows])
+        elif self.fmt == "csv":
+            self._csv(rows)
         else:
-            for h in rows:
+            for h in rows:  # ensure_ascii (the default): see the module's docstring
                 self.stream.write(
                     json.dumps(dict(zip(self.columns, self._values(h), strict=True))) + "\n"
                 )
@@ -44,15 +69,56 @@ class HitWriter:
     def _values(self, hit: Any) -> list[Any]:
         return [hit.query, hit.rank, hit.id, hit.path, hit.label, round(float(hit.score), 6)]
 
+    def _paths(self, rows: list[Any]) -> None:
+        """Newline-separated output cannot tell a newline in a name from the end of one: the
+        name is still written as it is (the bytes are the data), with one warning that names -0.
+        """
+        if self.end == "\n" and not self.newline_warned:
+            broken = next((h.path for h in rows if "\n" in h.path), None)
+            if broken is not None:
+                self.reporter.warn(
+                    f"hit path {broken} holds a newline, so newline-separated --paths-only output "
+                    "is ambiguous; use -0 (with xargs -0) for NUL-separated paths"
+                )
+                self.newline_warned = True
+        self._write_exact("".join(h.path + self.end for h in rows))
+
+    def _csv(self, rows: list[Any]) -> None:
+        buffer = io.StringIO()
+        plain = csv.writer(buffer, lineterminator="\n")
+        # The writer quotes \n but not a lone \r, which a reader takes for a line end.
+        quoted = csv.writer(buffer, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+        if not self.header_done:
+            plain.writerow(self.columns)
+            self.header_done = True
+        for values in map(self._values, rows):
+            has_cr = any(isinstance(v, str) and "\r" in v for v in values)
+            (quoted if has_cr else plain).writerow(values)
+        self._write_exact(buffer.getvalue())
+
+    def _write_exact(self, text: str) -> None:
+        """`text` with bytes that are not UTF-8 (lone surrogates) written as those bytes, to the
+        binary stream under `stream` where there is one; a text-only stream gets the str."""
+        binary = getattr(self.stream, "buffer", None)
+        if binary is None:
+            self.stream.write(text)
+            return
+        self.stream.flush()  # what went out as text comes first
+        binary.write(os.fsencode(text))
+
     def _table(self, hits: list[list[Any]]) -> None:
         for per_query in hits:
             if not per_query:
                 continue
-            table = Table(title=per_query[0].query, title_justify="left")
-            for name in ("rank", "score", "label", "path"):
-                table.add_column(name, justify="right" if name in ("rank", "score") else "left")
+            table = Table(title=Text(visible(per_query[0].query)), title_justify="left")
+            table.add_column("rank", justify="right")
+            table.add_column("score", justify="right")
+            for name in ("label", "path"):  # folded when long, never cut short with an ellipsis
+                table.add_column(name, overflow="fold")
             for h in per_query:
-                table.add_row(str(h.rank), f"{h.score:.4f}", h.label, h.path)
+                table.add_row(
+                    str(h.rank), f"{h.score:.4f}", Text(visible(h.label)), Text(visible(h.path))
+                )
             self.console.print(table)
 
     def close(self) -> None:
