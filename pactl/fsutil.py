@@ -232,7 +232,21 @@ def new_generation(folder: Path, managed: Collection[str], links: bool = True) -
 
     Holds the writer lock throughout; generations left by killed writers are removed first.
     """
+    made = not folder.exists()
     make_folder(folder)
+    try:
+        with _generation(folder, managed, links) as gen:
+            yield gen
+    except BaseException:
+        if made:  # a first write that failed leaves no folder behind
+            with contextlib.suppress(OSError):
+                (folder / LOCK_FILE).unlink(missing_ok=True)
+                folder.rmdir()  # only if empty: never anything but what was made here
+        raise
+
+
+@contextlib.contextmanager
+def _generation(folder: Path, managed: Collection[str], links: bool) -> Iterator[Path]:
     with writer_lock(folder):
         remove_stale(folder)
         gen = folder / f"{GENERATION_PREFIX}{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"

@@ -191,7 +191,7 @@ def add_to_index(
     check_folder(bundle_dir)
     with writer_lock(bundle_dir):  # one writer at a time; queries go on reading
         remove_stale(bundle_dir)  # a .add left by a killed --add
-        bundle = load_bundle(bundle_dir, mmap=False)
+        bundle = load_bundle(bundle_dir, mmap=False)  # handed over: freed before the add
         return _add_locked(source, bundle, bundle_dir, split, device_name, reporter, workers)
 
 
@@ -222,18 +222,18 @@ def _add_locked(
         Path(recorded) if recorded else from_dict(ModelConfig, bundle.meta["model_config"])
     )
     del bundle  # release the index file before it is rewritten
-    embed_source_files(
-        [f for f, _ in new],
-        [lab for _, lab in new],
-        ids,
-        model_from,
-        scratch,
-        device_name,
-        reporter,
-        workers,
-        scratch=True,
-    )
     try:
+        embed_source_files(
+            [f for f, _ in new],
+            [lab for _, lab in new],
+            ids,
+            model_from,
+            scratch,
+            device_name,
+            reporter,
+            workers,
+            scratch=True,
+        )
         vectors, items, meta = gather_vectors(scratch)
         rows = list(
             zip(items.ids.tolist(), items.paths.tolist(), items.labels.tolist(), strict=True)
