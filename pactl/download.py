@@ -2,17 +2,21 @@
 
 `fetch` streams a file into `NAME.part`, resumes an interrupted transfer with an HTTP Range
 request, tries each mirror in turn, verifies size and checksum, and only then renames the file
-into place. `extract` unpacks a tar or zip archive member by member, refusing anything that
-would land outside the target folder, and writes a marker only after the last member, so an
-extraction cut halfway is redone on the next run. `gather` puts a dataset's published files
-into a folder from the network, from archives the user fetched, or from a folder they extracted.
+into place. `extract` unpacks the files and folders of a tar or zip archive member by member,
+skipping links and refusing anything that would land outside the target folder, and writes a
+marker only after the last member, so an extraction cut halfway is redone on the next run. A
+local write that fails (a full disk) is one DiskError naming the file, never retried. `gather`
+puts a dataset's published files into a folder from the network, from archives the user
+fetched, or from a folder they extracted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import http.client
+import lzma
 import os
 import shutil
 import stat
@@ -25,12 +29,12 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO
+from typing import Protocol
 
 from pactl import __version__
 from pactl.console import Advance, Reporter
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_write_text
+from pactl.fsutil import atomic_path, atomic_write_text
 
 CHUNK = 1 << 20
 # Base URLs (space or comma separated) tried before the catalog's own addresses, for a local
@@ -77,7 +81,12 @@ class ChecksumError(PactlError):
 
 
 class UnsafeArchive(PactlError):
-    """An archive member would land outside the target folder, or is a device file."""
+    """An archive member would land outside the target folder, is a device file, or names both
+    a file and a folder."""
+
+
+class DiskError(PactlError):
+    """A local file could not be written (full disk, read-only folder): no retry will help."""
 
 
 class _TransferError(Exception):
@@ -111,7 +120,8 @@ def fetch(
         dest.unlink()
     if not urls:
         raise PactlError(f"no address to download {dest.name} from")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    with writing_to(dest.parent):
+        dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     # Bytes from one mirror may only be continued from another when a checksum will vouch
     # for the spliced result.
@@ -124,6 +134,9 @@ def fetch(
             part.unlink(missing_ok=True)
             failures.append(f"{url}: {e}")
             continue
+        except DiskError:
+            part.unlink(missing_ok=True)  # gives the space back; nothing is left behind
+            raise
         except _TransferError as e:
             if not splice_ok:
                 part.unlink(missing_ok=True)
@@ -209,13 +222,8 @@ def _stream(url: str, part: Path, reporter: Reporter, size: int | None, timeout:
             # An HTML error or consent page, or another file: retrying will not help.
             raise _WrongAddress(f"serves {served:,} bytes, not the published {size:,}")
         total = size if size is not None else served
-        with (
-            open(part, "ab" if start else "wb") as f,
-            _byte_bar(reporter, part.name[:-5], total, start) as advance,
-        ):
-            while chunk := response.read(CHUNK):
-                f.write(chunk)
-                advance(len(chunk))
+        with _byte_bar(reporter, part.name[:-5], total, start) as advance:
+            _copy(response, part, "ab" if start else "wb", advance)
     got = part.stat().st_size
     if total is not None and got < total:
         raise _TransferError(f"connection closed at byte {got:,} of {total:,}")
@@ -308,149 +316,205 @@ def extract(archive: Path, target: Path, reporter: Reporter) -> bool:
     """Unpack `archive` into `target` once; False when a finished extraction is already there.
 
     The marker is written after the last member, so a run cut halfway leaves no marker and the
-    next run rewrites every member instead of trusting what it finds.
+    next run rewrites every member instead of trusting what it finds. A failed extraction
+    removes what it wrote: nothing half-extracted is left to be trusted or to fill the disk.
     """
     marker = target / f".{archive.name}.extracted"
     stamp = f"{archive.name} {archive.stat().st_size}\n"
     if marker.is_file() and marker.read_text(encoding="utf-8") == stamp:
         return False
-    marker.unlink(missing_ok=True)
-    target.mkdir(parents=True, exist_ok=True)
-    if archive.name.lower().endswith(".zip"):
-        _extract_zip(archive, target, reporter)
-    else:
-        _extract_tar(archive, target, reporter)
+    with writing_to(target):
+        marker.unlink(missing_ok=True)
+        target.mkdir(parents=True, exist_ok=True)
+    unpacker = _Unpacker(Path(os.path.realpath(target)), archive)
+    try:
+        if archive.name.lower().endswith(".zip"):
+            _extract_zip(archive, unpacker, reporter)
+        else:
+            _extract_tar(archive, unpacker, reporter)
+    except Exception:
+        unpacker.undo()
+        raise
+    if unpacker.links:
+        links = f"{unpacker.links:,} link" + ("s" if unpacker.links > 1 else "")
+        reporter.warn(
+            f"{archive.name}: skipped {links} (symbolic or hard); pactl unpacks files and "
+            "folders only"
+        )
     atomic_write_text(marker, stamp)
     return True
 
 
-def _extract_tar(archive: Path, target: Path, reporter: Reporter) -> None:
-    root = Path(os.path.realpath(target))
+def _extract_tar(archive: Path, unpacker: _Unpacker, reporter: Reporter) -> None:
     try:
         with (
             tarfile.open(archive, "r:*") as tf,
             reporter.bar(f"extracting {archive.name}", total=None) as advance,
         ):
             for member in tf:  # streamed: a .tgz is decompressed once
-                _extract_member(tf, member, root, archive)
+                _extract_member(tf, member, unpacker)
                 advance()
-    except (tarfile.TarError, EOFError, zlib.error) as e:
+    except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError, OSError) as e:
+        # OSError: gzip and bz2 report corrupt streams as one; local write errors are DiskError.
         raise PactlError(f"{archive} is not a readable tar archive ({e})") from None
 
 
-def _extract_member(
-    tf: tarfile.TarFile, member: tarfile.TarInfo, root: Path, archive: Path
-) -> None:
-    dest = _member_path(root, member.name, archive)
+def _extract_member(tf: tarfile.TarFile, member: tarfile.TarInfo, unpacker: _Unpacker) -> None:
     if member.isdir():
-        _make_dir(root, dest, archive)
+        unpacker.folder(member.name)
     elif member.isfile():
         source = tf.extractfile(member)
         assert source is not None  # a regular member always has data
         with source:
-            _write_file(root, dest, source, archive)
-    elif member.issym():
-        _make_symlink(root, dest, member.linkname, archive)
-    elif member.islnk():
-        _copy_hardlink(root, dest, member.linkname, archive)
+            unpacker.file(member.name, source)
+    elif member.issym() or member.islnk():
+        unpacker.links += 1
     else:
-        raise UnsafeArchive(f"{archive}: {member.name!r} is a device file or fifo; refused")
+        raise UnsafeArchive(
+            f"{unpacker.archive}: {member.name!r} is a device file or fifo; refused"
+        )
 
 
-def _extract_zip(archive: Path, target: Path, reporter: Reporter) -> None:
-    root = Path(os.path.realpath(target))
+def _extract_zip(archive: Path, unpacker: _Unpacker, reporter: Reporter) -> None:
     try:
         with zipfile.ZipFile(archive) as zf:
             infos = zf.infolist()
             for info in infos:  # the whole listing is known up front: refuse before writing
-                _member_path(root, info.filename, archive)
+                unpacker.parts(info.filename)
                 kind = stat.S_IFMT(info.external_attr >> 16)
                 if kind not in (0, stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
                     raise UnsafeArchive(f"{archive}: {info.filename!r} is a device file; refused")
             with reporter.bar(f"extracting {archive.name}", total=len(infos)) as advance:
                 for info in infos:
-                    _extract_zip_member(zf, info, root, archive)
+                    _extract_zip_member(zf, info, unpacker)
                     advance()
-    except (zipfile.BadZipFile, EOFError, zlib.error) as e:
+    except (zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError, OSError) as e:
         raise PactlError(f"{archive} is not a readable zip archive ({e})") from None
+    except (RuntimeError, NotImplementedError) as e:  # encrypted, or an unknown compression
+        raise PactlError(f"{archive} cannot be unpacked: {e}") from None
 
 
-def _extract_zip_member(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, root: Path, archive: Path
-) -> None:
-    dest = _member_path(root, info.filename, archive)
+def _extract_zip_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, unpacker: _Unpacker) -> None:
     if info.is_dir():
-        _make_dir(root, dest, archive)
+        unpacker.folder(info.filename)
     elif stat.S_ISLNK(info.external_attr >> 16):
-        _make_symlink(root, dest, zf.read(info).decode("utf-8"), archive)
+        unpacker.links += 1
     else:
         with zf.open(info) as source:
-            _write_file(root, dest, source, archive)
+            unpacker.file(info.filename, source)
 
 
-def _member_path(root: Path, name: str, archive: Path) -> Path:
-    """Where a member goes; absolute names, drive letters and `..` are refused."""
-    posix = PurePosixPath(name.replace("\\", "/"))
-    parts = [p for p in posix.parts if p not in ("", ".")]
-    if posix.is_absolute() or ".." in parts or (parts and ":" in parts[0]):
-        raise UnsafeArchive(f"{archive}: member {name!r} would land outside {root}; refused")
-    return root.joinpath(*parts)
+class _Unpacker:
+    """Writes an archive's files and folders below `root`, and nothing else.
+
+    No link is ever made: a chain of links that each point inside (`a -> b/..`, `b -> .`) can
+    still resolve outside, and the benchmarks hold none. A link already in the target is
+    replaced, never followed. A name the archive uses for both a file and a folder is refused.
+    """
+
+    def __init__(self, root: Path, archive: Path) -> None:
+        self.root = root
+        self.archive = archive
+        self.links = 0  # link members skipped
+        self.files: set[str] = set()  # member names written as files, "a/b.txt"
+        self.folders: set[str] = set()  # member names used as folders
+        self.written: list[Path] = []  # files written, removed again by undo()
+        self.made: list[Path] = []  # folders created, in order, removed again by undo()
+
+    def parts(self, name: str) -> tuple[str, ...]:
+        """A member's path below the root; absolute names, drive letters and `..` are refused."""
+        posix = PurePosixPath(name.replace("\\", "/"))
+        parts = tuple(p for p in posix.parts if p not in ("", "."))
+        if posix.is_absolute() or ".." in parts or (parts and ":" in parts[0]):
+            raise UnsafeArchive(
+                f"{self.archive}: member {name!r} would land outside {self.root}; refused"
+            )
+        return parts
+
+    def folder(self, name: str) -> None:
+        self._folders(self._claim(name, folder=True))
+
+    def file(self, name: str, source: _Reader) -> None:
+        parts = self._claim(name, folder=False)
+        if not parts:
+            raise UnsafeArchive(f"{self.archive}: file member {name!r} has no name; refused")
+        dest = self._folders(parts[:-1]) / parts[-1]
+        with writing_to(dest):
+            if dest.is_symlink():
+                dest.unlink()  # never write through a link found in the target
+        self.written.append(dest)
+        _copy(source, dest, "wb")
+
+    def undo(self) -> None:
+        for path in self.written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for path in reversed(self.made):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+
+    def _claim(self, name: str, folder: bool) -> tuple[str, ...]:
+        """Record a member's name; refuse one the archive also uses for the other kind."""
+        parts = self.parts(name)
+        key = "/".join(parts)
+        parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        clashes = [p for p in parents if p in self.files]
+        if key in (self.files if folder else self.folders):
+            clashes.append(key)
+        if clashes:
+            raise UnsafeArchive(
+                f"{self.archive}: {clashes[0]!r} is both a file and a folder in the archive; "
+                "refused"
+            )
+        self.folders.update(parents)
+        (self.folders if folder else self.files).add(key)
+        return parts
+
+    def _folders(self, parts: tuple[str, ...]) -> Path:
+        """Create root/parts one folder at a time, replacing links instead of following them."""
+        path = self.root
+        for part in parts:
+            path = path / part
+            with writing_to(path):
+                if path.is_symlink():
+                    path.unlink()
+                if not path.is_dir():
+                    path.mkdir()
+                    self.made.append(path)
+        return path
 
 
-def _inside(root: Path, path: str) -> bool:
-    real = os.path.realpath(path)
-    return real == str(root) or real.startswith(str(root) + os.sep)
+class _Reader(Protocol):
+    def read(self, size: int, /) -> bytes: ...
 
 
-def _checked_parent(root: Path, dest: Path, archive: Path) -> None:
-    """Create dest's folder, refusing one that a link from an earlier member takes outside."""
-    if not _inside(root, str(dest.parent)):
-        raise UnsafeArchive(f"{archive}: {dest} leads outside {root} through a link; refused")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if not _inside(root, str(dest.parent)):
-        raise UnsafeArchive(f"{archive}: {dest} leads outside {root} through a link; refused")
+def _copy(source: _Reader, dest: Path, mode: str, advance: Advance | None = None) -> None:
+    """Copy `source` into `dest`: a failed read stays the source's error, a failed write is
+    the disk's (DiskError), which no retry and no other mirror will fix."""
+    with writing_to(dest):
+        f = open(dest, mode)  # noqa: SIM115 - closed below, where its last flush is checked
+    try:
+        while block := source.read(CHUNK):
+            with writing_to(dest):
+                f.write(block)
+            if advance is not None:
+                advance(len(block))
+    finally:
+        with writing_to(dest):
+            f.close()
 
 
-def _make_dir(root: Path, dest: Path, archive: Path) -> None:
-    if dest == root:
-        return
-    _checked_parent(root, dest, archive)
-    if dest.is_symlink():
-        dest.unlink()
-    dest.mkdir(exist_ok=True)
-
-
-def _write_file(root: Path, dest: Path, source: IO[bytes], archive: Path) -> None:
-    _checked_parent(root, dest, archive)
-    if dest.is_symlink():
-        dest.unlink()  # never write through a link an earlier member planted
-    with open(dest, "wb") as f:
-        shutil.copyfileobj(source, f, CHUNK)
-
-
-def _make_symlink(root: Path, dest: Path, linkname: str, archive: Path) -> None:
-    _checked_parent(root, dest, archive)
-    pointed = os.path.join(os.path.realpath(dest.parent), linkname)
-    if os.path.isabs(linkname) or not _inside(root, pointed):
-        raise UnsafeArchive(
-            f"{archive}: link {dest.name!r} -> {linkname!r} points outside; refused"
-        )
-    if dest.is_symlink() or dest.is_file():
-        dest.unlink()
-    elif dest.is_dir():
-        raise PactlError(f"{archive}: link {dest.name!r} would replace a folder; refused")
-    os.symlink(linkname, dest)
-
-
-def _copy_hardlink(root: Path, dest: Path, linkname: str, archive: Path) -> None:
-    """A hard link becomes a copy of an already extracted member inside the target."""
-    source = _member_path(root, linkname, archive)
-    if not _inside(root, str(source)) or not source.is_file():
-        raise UnsafeArchive(f"{archive}: hard link {dest.name!r} -> {linkname!r} refused")
-    _checked_parent(root, dest, archive)
-    if dest.is_symlink():
-        dest.unlink()
-    shutil.copyfile(source, dest)
+@contextlib.contextmanager
+def writing_to(path: Path) -> Iterator[None]:
+    """A local write that fails (full disk, read-only folder) as one DiskError naming `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskError(
+                f"no space left on the device writing {path}; free some space and run again"
+            ) from None
+        raise DiskError(f"cannot write {path} ({e.strerror or e})") from None
 
 
 @dataclass(frozen=True)
@@ -560,8 +624,8 @@ def _place(
     if is_archive(path):
         extract(path, work, reporter)
     else:
-        work.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, work / path.name)
+        with writing_to(work / path.name), atomic_path(work / path.name) as tmp:
+            shutil.copyfile(path, tmp)
     return Provenance(path.name, str(path), verified, downloaded)
 
 

@@ -1,9 +1,9 @@
 """Image decoding, transforms, the Dataset and the class-balanced sampler.
 
-Decoding is strict and explicit: every way a file can fail (missing, unreadable, empty,
-truncated, not an image, too many pixels) becomes one `ImageError` with a short reason, so a
-training or embedding run can skip the file, count it and say why, instead of dying in a
-DataLoader worker or silently learning from a half-decoded picture.
+Decoding is strict and explicit: every way a file can fail (missing, unreadable, empty, not a
+regular file, truncated, not an image, too many pixels) becomes one `ImageError` with a short
+reason, so a training or embedding run can skip the file, count it and say why, instead of
+dying in a DataLoader worker, hanging on a FIFO or silently learning from a half-decoded picture.
 
 Reproducibility of the random augmentations: torchvision's random transforms draw from torch's
 global generator of the process that runs them. Inside a DataLoader worker that generator is
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import struct
 import warnings
 import zlib
@@ -54,6 +55,13 @@ DEFAULT_MAX_PIXELS = 178_956_970
 # Modes holding more than 8 bits per sample that PIL's convert("L") would clip, not scale.
 _WIDE_INT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # absent on Windows
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 # What PIL's plugins raise on corrupt data: there is no common base class, so the set is named.
 _DECODE_ERRORS = (
@@ -108,7 +116,7 @@ def load_image(
     if target_size is not None and target_size < 1:
         raise ValueError(f"target_size must be >= 1, got {target_size}")
     try:
-        with open(path, "rb") as fh:
+        with _open_regular(path) as fh:
             if os.fstat(fh.fileno()).st_size == 0:
                 raise ImageError(path, "file is empty (0 bytes)")
             return _decode(fh, path, target_size, max_pixels)
@@ -118,6 +126,29 @@ def load_image(
         raise ImageError(path, _os_reason(e)) from e
     except _DECODE_ERRORS as e:
         raise ImageError(path, _decode_reason(e)) from e
+
+
+def _open_regular(path: Path | str) -> BinaryIO:
+    """Open `path` only if it is a regular file: opening a FIFO blocks until a writer comes
+    (forever), and opening a device may act on the device. Checked before the open, and again
+    on the open file (opened without blocking) in case the name changed in between."""
+    _check_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_regular(path: Path | str, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise ImageError(path, "is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        raise ImageError(path, f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'special')})")
 
 
 def _decode(

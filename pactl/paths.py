@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pactl.errors import PactlError
+
 
 def pactl_home() -> Path:
     """`$PACTL_HOME`, or the platform's user data folder."""
@@ -18,6 +20,28 @@ def pactl_home() -> Path:
 
 def datasets_dir() -> Path:
     return pactl_home() / "datasets"
+
+
+def writable_datasets_dir() -> Path:
+    """`datasets_dir()`, created: a PACTL_HOME that is a file, cannot be created or is
+    read-only is one line naming it, not a traceback from the first write below it."""
+    home = pactl_home()
+    what = f"PACTL_HOME={home}" if os.environ.get("PACTL_HOME") else f"the data folder {home}"
+    for folder in (home, home / "datasets"):
+        _writable_folder(folder, what)
+    return home / "datasets"
+
+
+def _writable_folder(folder: Path, what: str) -> None:
+    hint = "point PACTL_HOME at a folder pactl may write to"
+    if folder.exists() and not folder.is_dir():
+        raise PactlError(f"{what}: {folder} is a file, not a folder; {hint}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PactlError(f"{what}: cannot create {folder} ({e.strerror or e}); {hint}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PactlError(f"{what}: {folder} is read-only; {hint}")
 
 
 def runs_dir() -> Path:

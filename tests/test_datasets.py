@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import codecs
+import concurrent.futures
+import io
+import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pytest
 from conftest import make_class_folder
+from rich.console import Console
 
-from pactl.console import QUIET
-from pactl.datasets import load_source, manifest_from_folder, read_manifest
+from pactl.console import QUIET, Reporter
+from pactl.datasets import list_images, load_source, manifest_from_folder, read_manifest
 from pactl.errors import PactlError
+
+T = TypeVar("T")
 
 
 def test_digits_written_as_pngs_with_class_disjoint_split() -> None:
@@ -84,3 +93,125 @@ def test_missing_and_empty_sources(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(PactlError, match="no images"):
         load_source(str(tmp_path / "empty"), QUIET)
+
+
+# ---- hostile folders and manifests ------------------------------------------------------------
+
+
+def _recording() -> tuple[Reporter, io.StringIO]:
+    """A quiet reporter whose warnings land in a buffer."""
+    buffer = io.StringIO()
+    return Reporter(Console(file=buffer, width=300), quiet=True), buffer
+
+
+def _with_deadline(call: Callable[[], T], seconds: float = 20.0) -> T:
+    """`call()` in a thread; still running at the deadline (a hang) fails the test."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(call)
+        try:
+            return future.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            pool.shutdown(wait=False, cancel_futures=True)
+            pytest.fail(f"still running after {seconds} s")
+
+
+def _names(folder: Path, files: list[Path]) -> list[str]:
+    return [f.relative_to(folder).as_posix() for f in files]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_listing_takes_regular_files_only(tmp_path: Path) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    os.mkfifo(imgs / "class_0" / "x.jpg")
+    (imgs / "class_1" / "null.jpg").symlink_to(os.devnull)
+    reporter, warnings = _recording()
+    files = _with_deadline(lambda: list_images(imgs, follow_links=True, reporter=reporter))
+    assert len(files) == 8 and all(f.suffix == ".png" for f in files)
+    assert "skipped 2 entries named like an image but not a regular file" in warnings.getvalue()
+    assert "class_0/x.jpg, a FIFO" in warnings.getvalue()
+    assert len(manifest_from_folder(imgs)) == 8
+
+
+def _outside(tmp_path: Path) -> Path:
+    """A folder of images beside `imgs`, that links inside `imgs` lead to."""
+    return make_class_folder(tmp_path / "elsewhere", classes=2, per_class=2, seed=1)
+
+
+def test_links_leading_outside_a_folder_are_skipped_and_reported(tmp_path: Path) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    outside = _outside(tmp_path)
+    (imgs / "class_0" / "out.png").symlink_to(outside / "class_0" / "0.png")
+    (imgs / "class_9").symlink_to(outside / "class_1", target_is_directory=True)
+    (imgs / "class_1" / "in.png").symlink_to(imgs / "class_2" / "0.png")  # stays inside
+    reporter, warnings = _recording()
+    files = list_images(imgs, reporter=reporter)
+    assert "class_0/out.png" not in _names(imgs, files) and len(files) == 9
+    assert "class_1/in.png" in _names(imgs, files)
+    assert "skipped 2 links leading outside it" in warnings.getvalue()
+    assert len(manifest_from_folder(imgs)) == 9
+    assert len(load_source(str(imgs), reporter)) == 9
+    # Allowed on request: the linked file and the linked class folder.
+    followed = list_images(imgs, follow_links=True)
+    assert {"class_0/out.png", "class_9/0.png", "class_9/1.png"} <= set(_names(imgs, followed))
+    assert len(load_source(str(imgs), QUIET, follow_links=True)) == 12
+
+
+def test_a_loop_of_folder_links_ends(tmp_path: Path) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    (imgs / "class_0" / "up").symlink_to("..", target_is_directory=True)
+    (imgs / "class_1" / "self").symlink_to(".", target_is_directory=True)
+    (imgs / "class_2" / "a").symlink_to("b", target_is_directory=True)
+    (imgs / "class_2" / "b").symlink_to("a", target_is_directory=True)  # a loop of two links
+    for follow in (False, True):
+        files = _with_deadline(lambda f=follow: list_images(imgs, follow_links=f))
+        assert len(files) == 8  # each folder entered once
+
+
+def test_manifest_row_through_a_link_leading_outside_is_refused(tmp_path: Path) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=1)
+    outside = _outside(tmp_path)
+    (imgs / "out.png").symlink_to(outside / "class_0" / "0.png")
+    (imgs / "outdir").symlink_to(outside / "class_1", target_is_directory=True)
+    (imgs / "null.png").symlink_to(os.devnull)
+    (imgs / "in.png").symlink_to(imgs / "class_1" / "0.png")
+    rows = [f"class_{c}/0.png,{c}" for c in range(4)]
+    for n, extra in enumerate(["out.png,1", "outdir/0.png,1", "null.png,1"]):
+        csv_path = imgs / f"bad{n}.csv"
+        csv_path.write_text("path,label\n" + "\n".join([*rows, extra]) + "\n")
+        with pytest.raises(PactlError, match="line 6: path .* is a link leading outside"):
+            load_source(str(csv_path), QUIET)
+        assert len(read_manifest(csv_path, follow_links=True)) == 5
+    (imgs / "ok.csv").write_text("path,label\n" + "\n".join([*rows, "in.png,1"]) + "\n")
+    assert len(read_manifest(imgs / "ok.csv")) == 5  # a link that stays inside is kept
+
+
+def test_csv_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    rows = "path,label\r\n" + "".join(f"{c}.png,{c}\r\n" for c in range(4))
+    (tmp_path / "excel.csv").write_bytes(codecs.BOM_UTF8 + rows.encode("utf-8"))
+    assert read_manifest(tmp_path / "excel.csv").paths == ("0.png", "1.png", "2.png", "3.png")
+
+
+def test_csv_that_is_not_utf8_is_one_clear_error(tmp_path: Path) -> None:
+    text = "path,label\na.png,1\nb.png,2\ncaf\xe9.png,3\n"
+    (tmp_path / "latin1.csv").write_bytes(text.encode("latin-1"))
+    offset = text.index("\xe9")
+    message = f"latin1.csv is not UTF-8 text: byte 0xe9 at offset {offset} \\(line 4\\)"
+    with pytest.raises(PactlError, match=message):
+        read_manifest(tmp_path / "latin1.csv")
+    (tmp_path / "bom.csv").write_bytes(codecs.BOM_UTF8 + text.encode("latin-1"))
+    with pytest.raises(PactlError, match=f"at offset {offset + 3} \\(line 4\\)"):
+        read_manifest(tmp_path / "bom.csv")
+
+
+def test_file_names_that_are_not_utf8_are_listed(tmp_path: Path) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=1)
+    raw = os.fsencode(imgs / "class_0") + b"/caf\xe9.png"
+    try:
+        with open(raw, "wb") as f:
+            f.write((imgs / "class_0" / "0.png").read_bytes())
+    except OSError as e:
+        pytest.skip(f"this filesystem refuses the name ({e})")
+    files = list_images(imgs)
+    assert raw in [os.fsencode(f) for f in files] and len(files) == 5
+    manifest = manifest_from_folder(imgs)
+    assert len(manifest) == 5 and raw in [os.fsencode(f) for f in manifest.files()]

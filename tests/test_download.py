@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
 import socket
 import stat
 import tarfile
@@ -18,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fill
 
 from pactl.console import QUIET, Advance, Reporter
 from pactl.download import (
     MIRROR_ENV,
     Archive,
     ChecksumError,
+    DiskError,
     FetchOptions,
     UnsafeArchive,
     extract,
@@ -239,6 +240,22 @@ def test_all_mirrors_failing_is_one_clear_error(server, tmp_path):
         fetch([f"{url}/nope"], tmp_path / "a.bin", QUIET, options=FAST)
 
 
+def test_full_disk_while_downloading_is_one_error_and_leaves_nothing(server, full_disk):
+    url, plan = server
+    data = _payload(1_000_000, seed=10)
+    plan.files["a.bin"] = data
+    (full_disk / "old.bin").write_bytes(b"previous output")
+    fill(full_disk, leave=200_000)
+    with pytest.raises(DiskError, match=r"^no space left on the device writing .*a\.bin\.part"):
+        fetch(
+            [f"{url}/a.bin", f"{url}/a.bin"], full_disk / "a.bin", QUIET, size=len(data),
+            sha256=_sha(data), options=FAST,
+        )  # fmt: skip
+    assert sorted(p.name for p in full_disk.iterdir()) == [".filler", "old.bin"]
+    assert (full_disk / "old.bin").read_bytes() == b"previous output"
+    assert len(plan.ranges) == 1  # neither retried nor tried at the next mirror
+
+
 # ---- extraction -------------------------------------------------------------------------------
 
 
@@ -253,6 +270,12 @@ def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Pat
 
 def _file(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
     return tarfile.TarInfo(name), data
+
+
+def _dir(name: str) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info, None
 
 
 def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple[tarfile.TarInfo, None]:
@@ -272,21 +295,35 @@ def box(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_tar_extracts_files_and_inbound_links(box):
+def _recording() -> tuple[Reporter, io.StringIO]:
+    """A quiet reporter whose warnings land in a buffer."""
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    return Reporter(Console(file=buffer, width=200), quiet=True), buffer
+
+
+def _links_below(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_symlink()]
+
+
+def test_tar_extracts_files_and_skips_links(box):
     archive = _tar(
         box / "archive" / "ok.tgz",
         [
             _file("top/a/one.txt", b"1"),
             _link("top/l", "a"),
-            _file("top/l/two.txt", b"2"),  # written through an in-bound link
+            _file("top/l/two.txt", b"2"),  # the link was skipped: a folder of its own
             _link("top/copy.txt", "top/a/one.txt", tarfile.LNKTYPE),
         ],
     )
     target = box / "target"
-    assert extract(archive, target, QUIET)
+    reporter, warnings = _recording()
+    assert extract(archive, target, reporter)
     assert (target / "top/a/one.txt").read_bytes() == b"1"
-    assert (target / "top/a/two.txt").read_bytes() == b"2"
-    assert (target / "top/copy.txt").read_bytes() == b"1"
+    assert (target / "top/l/two.txt").read_bytes() == b"2"
+    assert not (target / "top/l").is_symlink() and not (target / "top/copy.txt").exists()
+    assert "ok.tgz: skipped 2 links (symbolic or hard)" in warnings.getvalue()
     assert not extract(archive, target, QUIET)  # finished once: nothing to redo
     assert _only_target_exists(box)
 
@@ -296,21 +333,64 @@ def test_tar_extracts_files_and_inbound_links(box):
     [
         [_file("../evil.txt", b"x")],
         [_file("top/../../evil.txt", b"x")],
-        [_link("evil", "../outside")],
-        [_link("evil", "/etc/passwd")],
-        [_link("dir", ".."), _file("dir/evil.txt", b"x")],
-        [_link("evil", "../outside.txt", tarfile.LNKTYPE)],
-        [_link("evil", "/etc/passwd", tarfile.LNKTYPE)],
     ],
-    ids=["dotdot", "nested-dotdot", "symlink-out", "symlink-abs", "dir-link-out", "hardlink-out",
-         "hardlink-abs"],
-)  # fmt: skip
+    ids=["dotdot", "nested-dotdot"],
+)
 def test_tar_members_leaving_the_target_are_refused(box, members):
     archive = _tar(box / "archive" / "bad.tgz", [_file("fine.txt", b"ok"), *members])
     with pytest.raises(UnsafeArchive):
         extract(archive, box / "target", QUIET)
     assert _only_target_exists(box)
     assert not (box / "target" / ".bad.tgz.extracted").exists()
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        # Each link points inside when it is made; together they resolve to the target's parent.
+        [_link("a", "b/.."), _link("b", "."), _file("a/escaped.txt", b"x")],
+        [_link("evil", "../outside")],
+        [_link("evil", "/etc/passwd")],
+        [_link("dir", ".."), _file("dir/evil.txt", b"x")],
+        [_link("evil", "../outside.txt", tarfile.LNKTYPE)],
+        [_link("evil", "/etc/passwd", tarfile.LNKTYPE)],
+    ],
+    ids=["link-chain", "symlink-out", "symlink-abs", "dir-link-out", "hardlink-out",
+         "hardlink-abs"],
+)  # fmt: skip
+def test_tar_links_are_skipped_never_followed(box, members):
+    archive = _tar(box / "archive" / "links.tgz", [_file("fine.txt", b"ok"), *members])
+    target = box / "target"
+    reporter, warnings = _recording()
+    assert extract(archive, target, reporter)
+    assert _only_target_exists(box)  # nothing written beside the target
+    assert _links_below(target) == []
+    assert (target / "fine.txt").read_bytes() == b"ok"
+    links = sum(1 for info, _ in members if info.issym() or info.islnk())
+    assert f"links.tgz: skipped {links} link" in warnings.getvalue()
+    if any(info.name.endswith("/escaped.txt") for info, _ in members):
+        assert (target / "a" / "escaped.txt").read_bytes() == b"x"  # a plain folder inside
+
+
+@pytest.mark.parametrize(
+    "members",
+    [
+        [_file("x", b"1"), _file("x/y", b"2")],
+        [_file("x/y", b"2"), _file("x", b"1")],
+        [_dir("x"), _file("x", b"1")],
+        [_file("x", b"1"), _dir("x")],
+        [_file("x", b"1"), _dir("x/y")],
+    ],
+    ids=["file-then-inner-file", "inner-file-then-file", "dir-then-file", "file-then-dir",
+         "file-then-inner-dir"],
+)  # fmt: skip
+def test_tar_name_both_file_and_folder_is_refused(box, members):
+    archive = _tar(box / "archive" / "both.tgz", [_file("fine/a.txt", b"ok"), *members])
+    target = box / "target"
+    with pytest.raises(UnsafeArchive, match="'x' is both a file and a folder"):
+        extract(archive, target, QUIET)
+    assert list(target.iterdir()) == []  # what was written is taken back, no marker
+    assert _only_target_exists(box)
 
 
 def test_tar_absolute_member_is_refused(box):
@@ -347,9 +427,8 @@ LNK = stat.S_IFLNK | 0o777
 @pytest.mark.parametrize(
     "member",
     [("../evil.txt", b"x", REG), ("/evil.txt", b"x", REG), ("C:/evil.txt", b"x", REG),
-     ("a\\..\\..\\evil.txt", b"x", REG), ("ln", b"../../outside", LNK),
-     ("dev", b"", stat.S_IFCHR | 0o644)],
-    ids=["dotdot", "absolute", "drive", "backslash", "symlink-out", "device"],
+     ("a\\..\\..\\evil.txt", b"x", REG), ("dev", b"", stat.S_IFCHR | 0o644)],
+    ids=["dotdot", "absolute", "drive", "backslash", "device"],
 )  # fmt: skip
 def test_zip_members_leaving_the_target_are_refused(box, member):
     archive = _zip(box / "archive" / "bad.zip", [("fine.txt", b"ok", REG), member])
@@ -359,15 +438,32 @@ def test_zip_members_leaving_the_target_are_refused(box, member):
     assert not (box / "target" / ".bad.zip.extracted").exists()
 
 
-def test_zip_extracts_files_and_inbound_symlink(box):
+def test_zip_links_are_skipped(box):
     archive = _zip(
         box / "archive" / "ok.zip",
-        [("d/", b"", stat.S_IFDIR | 0o755), ("d/a.txt", b"A", REG), ("d/l", b"a.txt", LNK)],
-    )
+        [("d/", b"", stat.S_IFDIR | 0o755), ("d/a.txt", b"A", REG), ("d/l", b"a.txt", LNK),
+         ("d/out", b"../../outside", LNK)],
+    )  # fmt: skip
     target = box / "target"
-    extract(archive, target, QUIET)
+    reporter, warnings = _recording()
+    extract(archive, target, reporter)
     assert (target / "d/a.txt").read_bytes() == b"A"
-    assert os.readlink(target / "d/l") == "a.txt"
+    assert _links_below(target) == [] and _only_target_exists(box)
+    assert "ok.zip: skipped 2 links" in warnings.getvalue()
+
+
+@pytest.mark.parametrize(
+    "members",
+    [[("x", b"1", REG), ("x/y", b"2", REG)], [("x/", b"", stat.S_IFDIR | 0o755),
+     ("x", b"1", REG)]],
+    ids=["file-then-inner-file", "dir-then-file"],
+)  # fmt: skip
+def test_zip_name_both_file_and_folder_is_refused(box, members):
+    archive = _zip(box / "archive" / "both.zip", [("fine/a.txt", b"ok", REG), *members])
+    target = box / "target"
+    with pytest.raises(UnsafeArchive, match="'x' is both a file and a folder"):
+        extract(archive, target, QUIET)
+    assert list(target.iterdir()) == []
 
 
 class _KilledAfter(Reporter):
@@ -408,3 +504,19 @@ def test_interrupted_extraction_is_redone_not_trusted(box, suffix):
     assert extract(path, target, QUIET)
     assert {n: (target / n).read_bytes() for n in files} == files
     assert marker.exists()
+
+
+def test_full_disk_while_extracting_takes_back_what_it_wrote(box, full_disk):
+    files = {f"top/{i}.bin": bytes(400_000) for i in range(4)}  # compresses to almost nothing
+    archive = _tar(box / "archive" / "big.tgz", [_file(n, d) for n, d in files.items()])
+    target = full_disk / "target"
+    target.mkdir()
+    (target / "kept.txt").write_bytes(b"previous output")
+    fill(full_disk, leave=600_000)
+    with pytest.raises(DiskError, match=r"^no space left on the device writing .*top/1\.bin"):
+        extract(archive, target, QUIET)
+    assert [p.name for p in target.iterdir()] == ["kept.txt"]  # no torn member, no marker
+    assert (target / "kept.txt").read_bytes() == b"previous output"
+    (full_disk / ".filler").unlink()
+    assert extract(archive, target, QUIET)
+    assert {n: (target / n).read_bytes() for n in files} == files

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
+import socket
 import struct
+import threading
 import warnings
 import zlib
 from collections import Counter
@@ -143,12 +146,75 @@ def test_permission_error_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     # Runs as root too: the OS refusal is simulated where load_image opens the file.
     import pactl.images
 
-    def refuse(path: object, mode: str = "r") -> None:
+    def refuse(path: object) -> None:
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(pactl.images, "open", refuse, raising=False)
+    monkeypatch.setattr(pactl.images, "_open_regular", refuse)
     with pytest.raises(ImageError, match="permission denied"):
         load_image(tmp_path / "locked.png")
+
+
+def _load_with_deadline(path: Path, seconds: float = 10.0) -> object:
+    """load_image(path) in a thread: its image or its exception. A call still blocked at the
+    deadline fails the test, after a writer opened on the FIFO has set the thread free."""
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(load_image(path))
+        except Exception as e:
+            result.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(seconds)
+        pytest.fail(f"load_image({path.name}) blocked for {seconds} s")
+    return result[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_fifo_named_like_an_image_is_refused_without_blocking(tmp_path: Path) -> None:
+    path = tmp_path / "x.jpg"
+    os.mkfifo(path)
+    error = _load_with_deadline(path)
+    assert isinstance(error, ImageError) and error.reason == "not a regular file (a FIFO)"
+    # Training and embedding skip it like any other broken image.
+    transform = build_transform(8, 8, MEAN, STD, train=False)
+    image, _, _, reason = ImageDataset([path], None, transform, target_size=8)[0]
+    assert image is None and reason.endswith("not a regular file (a FIFO)")
+
+
+@pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="no Unix sockets here")
+def test_socket_and_device_named_like_images_are_refused(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(tmp_path / "s.png"))
+        error = _load_with_deadline(tmp_path / "s.png")
+    assert isinstance(error, ImageError) and error.reason == "not a regular file (a socket)"
+    if not os.path.exists("/dev/null"):
+        return
+    (tmp_path / "null.jpg").symlink_to("/dev/null")
+    error = _load_with_deadline(tmp_path / "null.jpg")
+    assert isinstance(error, ImageError)
+    assert error.reason == "not a regular file (a character device)"
+
+
+def test_file_name_that_is_not_utf8_is_decoded(tmp_path: Path) -> None:
+    name = os.fsencode(tmp_path) + b"/caf\xe9.png"  # Latin-1, as an old camera or share writes
+    try:
+        with open(name, "wb") as f:
+            Image.new("RGB", (3, 2), (10, 20, 30)).save(f, "PNG")
+    except OSError as e:
+        pytest.skip(f"this filesystem refuses the name ({e})")
+    (path,) = tmp_path.iterdir()  # a str with the byte escaped (surrogateescape)
+    assert os.fsencode(path) == name
+    assert pixels(load_image(path))[0, 0].tolist() == [10, 20, 30]
+    (path.parent / (path.stem + "-cut.png")).write_bytes(b"\x89PNG\r\n")
+    error = _load_with_deadline(path.parent / (path.stem + "-cut.png"))
+    assert isinstance(error, ImageError) and "caf" in str(error)
 
 
 def test_image_error_is_one_line_and_pickles() -> None:

@@ -30,15 +30,19 @@ __all__ = [
 ]
 
 
-def load_source(source: str, reporter: Reporter) -> Manifest:
-    """A manifest from a dataset name, a folder (with or without manifest.csv) or a CSV file."""
-    manifest = _load(source, reporter)
+def load_source(source: str, reporter: Reporter, *, follow_links: bool = False) -> Manifest:
+    """A manifest from a dataset name, a folder (with or without manifest.csv) or a CSV file.
+
+    Links leading outside a folder or a CSV's folder are skipped or refused unless
+    `follow_links`; the catalog's own datasets are pactl's, and their links are followed.
+    """
+    manifest = _load(source, reporter, follow_links)
     if manifest.duplicates:
         reporter.log(f"{manifest.source}: dropped {manifest.duplicates} duplicate rows")
     return manifest
 
 
-def _load(source: str, reporter: Reporter) -> Manifest:
+def _load(source: str, reporter: Reporter, follow_links: bool) -> Manifest:
     if source in CATALOG:
         if not is_prepared(source):
             if not CATALOG[source].offline:
@@ -47,16 +51,17 @@ def _load(source: str, reporter: Reporter) -> Manifest:
                 )
             reporter.log(f"preparing {source} (first use)")
             prepare(source, reporter)
-        return read_manifest(dataset_folder(source) / "manifest.csv")
+        # `--from FOLDER` links the user's extracted folder into the dataset's on purpose.
+        return read_manifest(dataset_folder(source) / "manifest.csv", follow_links=True)
     path = Path(source)
     if path.is_dir():
         if (path / "manifest.csv").is_file():
-            return read_manifest(path / "manifest.csv")
-        return manifest_from_folder(path)
+            return read_manifest(path / "manifest.csv", follow_links=follow_links)
+        return manifest_from_folder(path, follow_links=follow_links, reporter=reporter)
     if path.is_file():
         if path.suffix.lower() != ".csv":
             raise PactlError(f"{path} is not a CSV; give a dataset name, a folder or a .csv")
-        return read_manifest(path)
+        return read_manifest(path, follow_links=follow_links)
     raise PactlError(
         f"{source!r} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
         "nor an existing folder or CSV file"

@@ -7,6 +7,7 @@ are) and a layout that reads the extracted files; the bundled digits set prepare
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from pactl.datasets.manifest import write_manifest
 from pactl.download import Archive, FetchOptions, Provenance, gather
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text
-from pactl.paths import datasets_dir
+from pactl.paths import datasets_dir, writable_datasets_dir
 
 # prepare(target_folder, from_path_or_None, reporter) writes images and manifest.csv.
 Prepare = Callable[[Path, "Path | None", Reporter], None]
@@ -214,6 +215,8 @@ def prepare(
 ) -> tuple[Path, bool]:
     """Prepare dataset `name` once; returns (its folder, whether work was done)."""
     dataset = spec(name)
+    if not is_prepared(name):  # a prepared set may be used from a read-only PACTL_HOME
+        writable_datasets_dir()
     return prepare_dataset(
         dataset, dataset_folder(name), downloads_folder(name), reporter, source, options
     )
@@ -230,16 +233,25 @@ def prepare_dataset(
     """Build `folder` (images + manifest.csv) unless it is already there."""
     if (folder / "manifest.csv").is_file():
         if downloads.exists():
-            shutil.rmtree(downloads)  # left by a run stopped right after it finished
+            with contextlib.suppress(OSError):  # left by a run stopped right after it finished
+                shutil.rmtree(downloads)
         return folder, False
     work = folder.with_name(f".{folder.name}.partial")
-    if dataset.layout is None:
-        if dataset.prepare is None:
-            raise PactlError(f"dataset {dataset.name!r} has neither archives nor a preparer")
-        _fresh(work)  # a half-written folder from an interrupted run is redone, not trusted
-        dataset.prepare(work, source, reporter)
-    else:
-        _prepare_from_archives(dataset, dataset.layout, work, downloads, reporter, source, options)
+    try:
+        if dataset.layout is None:
+            if dataset.prepare is None:
+                raise PactlError(f"dataset {dataset.name!r} has neither archives nor a preparer")
+            _fresh(work)  # a half-written folder from an interrupted run is redone, not trusted
+            dataset.prepare(work, source, reporter)
+        else:
+            _prepare_from_archives(
+                dataset, dataset.layout, work, downloads, reporter, source, options
+            )
+    except Exception:
+        if dataset.layout is None:
+            shutil.rmtree(work, ignore_errors=True)  # redone from scratch by the next run anyway
+        _drop_empty(work, downloads, downloads.parent)  # what a failure left holds nothing
+        raise
     if folder.exists():
         shutil.rmtree(folder)
     work.rename(folder)
@@ -279,6 +291,12 @@ def _prepare_from_archives(
     write_manifest(work / "manifest.csv", rows)
     _write_sources(work / "sources.json", dataset.name, provenance)
     reporter.log(f"{dataset.name}: {len(rows):,} images in the manifest")
+
+
+def _drop_empty(*folders: Path) -> None:
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _fresh(work: Path) -> None:

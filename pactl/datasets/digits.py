@@ -9,6 +9,7 @@ from PIL import Image
 
 from pactl.console import Reporter
 from pactl.datasets.manifest import write_manifest
+from pactl.download import writing_to
 
 
 def prepare_digits(target: Path, reporter: Reporter) -> None:
@@ -21,8 +22,9 @@ def prepare_digits(target: Path, reporter: Reporter) -> None:
     with reporter.bar("writing digits", total=len(images)) as advance:
         for n, (pixels, label) in enumerate(zip(images, digits.target, strict=True)):
             rel = f"{label}/{n:04d}.png"
-            (target / str(label)).mkdir(parents=True, exist_ok=True)
-            Image.fromarray(pixels, mode="L").save(target / rel)
+            with writing_to(target / rel):
+                (target / str(label)).mkdir(parents=True, exist_ok=True)
+                Image.fromarray(pixels, mode="L").save(target / rel)
             rows.append((rel, int(label), "train" if label < 5 else "test", str(label)))
             advance()
     write_manifest(target / "manifest.csv", rows)

@@ -1,17 +1,28 @@
-"""manifest.csv: `path,label,split[,class_name]`, paths relative to the manifest's folder."""
+"""manifest.csv: `path,label,split[,class_name]`, paths relative to the manifest's folder.
+
+Folders and manifests come from strangers: a link that leads outside the given folder is
+skipped (a folder listing) or refused (a manifest row) unless the caller passes
+`follow_links=True`, and a listing takes regular files only, so a FIFO named like an image
+cannot stall a run.
+"""
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
+import os
+import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import numpy as np
 
+from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text
+from pactl.paths import pactl_home
 
 SPLITS = ("train", "val", "test", "query", "gallery")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
@@ -68,14 +79,19 @@ def write_manifest(path: Path, rows: Iterable[tuple[str, int, str, str]]) -> Non
     atomic_write_text(path, buffer.getvalue())
 
 
-def read_manifest(path: Path) -> Manifest:
-    """Read a manifest or a user CSV of `path,label[,split][,class_name]`."""
+def read_manifest(path: Path, *, follow_links: bool = False) -> Manifest:
+    """Read a manifest or a user CSV of `path,label[,split][,class_name]`.
+
+    A row whose path leaves the CSV's folder (`..`, absolute, or through a link leading
+    outside) is refused; `follow_links` lets links lead anywhere. A manifest kept in pactl's
+    home is pactl's own, links included: a dataset prepared with `--from FOLDER` links it in.
+    """
+    text = _read_utf8(path)
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            fields = [c.strip() for c in reader.fieldnames or []]
-            records = [{k.strip(): (v or "").strip() for k, v in r.items() if k} for r in reader]
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        fields = [c.strip() for c in reader.fieldnames or []]
+        records = [{k.strip(): (v or "").strip() for k, v in r.items() if k} for r in reader]
+    except csv.Error as e:
         raise PactlError(f"cannot read {path}: {e}") from None
     missing = [c for c in ("path", "label") if c not in fields]
     if missing:
@@ -85,17 +101,41 @@ def read_manifest(path: Path) -> Manifest:
         )
     if not records:
         raise PactlError(f"{path} has a header but no rows")
-    return _build(path.parent, records, source=str(path))
+    own = _inside(os.path.realpath(pactl_home()), os.path.realpath(path))
+    return _build(path.parent, records, source=str(path), check_links=not (follow_links or own))
 
 
-def _build(root: Path, records: list[dict[str, str]], source: str) -> Manifest:
+def _read_utf8(path: Path) -> str:
+    """The file as text: UTF-8, with or without the byte-order mark spreadsheets write first."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise PactlError(f"cannot read {path}: not a regular file")
+        data = path.read_bytes()
+    except OSError as e:
+        raise PactlError(f"cannot read {path}: {e.strerror or e}") from None
+    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[start:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        offset = start + e.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise PactlError(
+            f"{path} is not UTF-8 text: byte 0x{data[offset]:02x} at offset {offset:,} "
+            f"(line {line}); save it as UTF-8"
+        ) from None
+
+
+def _build(root: Path, records: list[dict[str, str]], source: str, check_links: bool) -> Manifest:
     seen: set[str] = set()
     paths, raw_labels, splits = [], [], []
+    links = _LinkCheck(root, source) if check_links else None
     for line, r in enumerate(records, start=2):
         rel = _safe_relative(r["path"], source, line)
         if rel in seen:
             continue  # duplicate rows would count an image twice in every metric
         seen.add(rel)
+        if links is not None:
+            links.check(rel, line)
         if not r["label"]:
             raise PactlError(f"{source} line {line}: empty label")
         split = r.get("split", "")
@@ -130,6 +170,38 @@ def _safe_relative(value: str, source: str, line: int) -> str:
     return str(posix)
 
 
+class _LinkCheck:
+    """Refuses rows that a link takes outside the manifest's folder, as `..` rows are.
+
+    Each row's folder is resolved once and its last part looked at alone, so a manifest of a
+    million rows in a few thousand folders costs about one lstat per row.
+    """
+
+    def __init__(self, root: Path, source: str) -> None:
+        self.root = root
+        self.real_root = os.path.realpath(root)
+        self.source = source
+        self.folders: dict[str, str] = {}  # row folder -> its real path
+
+    def check(self, rel: str, line: int) -> None:
+        path = os.path.join(self.root, rel)
+        folder, name = os.path.split(path)
+        if folder not in self.folders:
+            self.folders[folder] = os.path.realpath(folder)
+        real = os.path.join(self.folders[folder], name)
+        if os.path.islink(real):
+            real = os.path.realpath(real)
+        if not _inside(self.real_root, real):
+            raise PactlError(
+                f"{self.source} line {line}: path {rel!r} is a link leading outside the "
+                f"manifest's folder (to {real}); links are followed only with --follow-links"
+            )
+
+
+def _inside(real_root: str, real: str) -> bool:
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
+
+
 def _encode_labels(names: list[str]) -> np.ndarray:
     """Labels 0..C-1 from class names, integers in numeric order before other names."""
     unique = sorted(set(names), key=_label_key)
@@ -155,25 +227,119 @@ def split_by_class(labels: np.ndarray) -> list[str]:
     return ["train" if int(lab) in train else "test" for lab in labels]
 
 
-def manifest_from_folder(folder: Path) -> Manifest:
-    """A folder of class sub-folders (`folder/<class>/<image>`) as a manifest split by class."""
+def manifest_from_folder(
+    folder: Path, *, follow_links: bool = False, reporter: Reporter = QUIET
+) -> Manifest:
+    """A folder of class sub-folders (`folder/<class>/<image>`) as a manifest split by class.
+
+    Listed as `list_images` lists, and what it skips is said the same way.
+    """
     if not folder.is_dir():
         raise PactlError(f"{folder} is not a folder")
     records = [
         {"path": p.relative_to(folder).as_posix(), "label": p.relative_to(folder).parts[0]}
-        for p in sorted(folder.rglob("*"))
-        if p.suffix.lower() in IMAGE_EXTENSIONS and len(p.relative_to(folder).parts) >= 2
+        for p in list_images(folder, follow_links=follow_links, reporter=reporter)
+        if len(p.relative_to(folder).parts) >= 2
     ]
     if not records:
         raise PactlError(
             f"{folder} has no images in class sub-folders "
             f"(expected {folder}/<class>/<image>{IMAGE_EXTENSIONS[0]})"
         )
-    return _build(folder, records, source=str(folder))
+    # The listing has already left out the links leading outside (unless they are followed).
+    return _build(folder, records, source=str(folder), check_links=False)
 
 
-def list_images(folder: Path) -> list[Path]:
-    """Every image below `folder`, sorted."""
-    return sorted(
-        p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-    )
+def list_images(
+    folder: Path, *, follow_links: bool = False, reporter: Reporter = QUIET
+) -> list[Path]:
+    """Every image below `folder`, sorted: regular files named like images.
+
+    A link leading outside `folder` is skipped, and a link to a folder is entered, only with
+    `follow_links` (each folder once, so a loop of links ends). What was skipped is said on
+    the reporter as a warning, which shows even when quiet.
+    """
+    listing = _Listing()
+    _scan(folder, os.path.realpath(folder), follow_links, listing)
+    if listing.outside:
+        first, target = min(listing.outside)
+        reporter.warn(
+            f"{folder}: skipped {_count(listing.outside, 'link')} leading outside it (first: "
+            f"{first} -> {target}); links are followed only with --follow-links"
+        )
+    if listing.special:
+        first, kind = min(listing.special)
+        reporter.warn(
+            f"{folder}: skipped {_count(listing.special, 'entry', 'entries')} named like an "
+            f"image but not a regular file (first: {first}, {kind})"
+        )
+    return sorted(listing.files)
+
+
+@dataclass
+class _Listing:
+    files: list[Path] = field(default_factory=list)
+    outside: list[tuple[Path, str]] = field(default_factory=list)  # (link, where it leads)
+    special: list[tuple[Path, str]] = field(default_factory=list)  # (FIFO, device..., kind)
+    entered: set[tuple[int, int]] = field(default_factory=set)  # (device, inode) of folders
+
+
+def _scan(folder: Path, real_root: str, follow_links: bool, listing: _Listing) -> None:
+    """Add what is below `folder` to `listing`, one folder at a time (no recursion limit)."""
+    pending = [folder]
+    while pending:
+        current = pending.pop()
+        try:
+            info = os.stat(current)
+            if (info.st_dev, info.st_ino) in listing.entered:
+                continue
+            listing.entered.add((info.st_dev, info.st_ino))
+            with os.scandir(current) as it:
+                entries = list(it)
+        except OSError:
+            continue  # unreadable or vanished: as rglob did, nothing to list there
+        for entry in entries:
+            below = _sort_entry(entry, real_root, follow_links, listing)
+            if below is not None:
+                pending.append(below)
+
+
+def _sort_entry(
+    entry: os.DirEntry[str], real_root: str, follow_links: bool, listing: _Listing
+) -> Path | None:
+    """File `entry` into `listing`; returns it when it is a folder to enter."""
+    path = Path(entry.path)
+    try:
+        mode = entry.stat().st_mode  # follows links
+    except OSError:
+        mode = 0  # a broken link, or a loop of links
+    is_dir = stat.S_ISDIR(mode)
+    if not is_dir and path.suffix.lower() not in IMAGE_EXTENSIONS:
+        return None
+    if entry.is_symlink() and not follow_links:
+        target = os.path.realpath(path)
+        if not _inside(real_root, target):
+            listing.outside.append((path, target))
+            return None
+        if is_dir:
+            return None  # the images there are listed where they are, once
+    if is_dir:
+        return path
+    if stat.S_ISREG(mode):
+        listing.files.append(path)
+    else:
+        listing.special.append((path, _KINDS.get(stat.S_IFMT(mode), "not a file")))
+    return None
+
+
+_KINDS = {
+    0: "a broken link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
+
+
+def _count(items: Sequence[object], one: str, many: str = "") -> str:
+    return f"{len(items):,} {one if len(items) == 1 else many or one + 's'}"
