@@ -19,20 +19,21 @@ if TYPE_CHECKING:
 
 
 def source_items(
-    source: str, split: str | None, reporter: Reporter
+    source: str, split: str | None, reporter: Reporter, follow_links: bool = False
 ) -> tuple[list[Path], list[str]]:
     """Images and labels to embed: a plain folder (labels from class sub-folders, if any),
-    or the rows of a dataset / manifest / CSV (optionally one split)."""
+    or the rows of a dataset / manifest / CSV (optionally one split). Links that lead out of
+    the folder are skipped (a folder) or refused (a manifest row) unless `follow_links`."""
     from pactl.datasets import list_images, load_source
 
     path = Path(source)
     if split is None and path.is_dir() and not (path / "manifest.csv").is_file():
-        files = list_images(path)
+        files = list_images(path, follow_links=follow_links, reporter=reporter)
         if not files:
             raise PactlError(f"{path} has no images")
         labels = [f.relative_to(path).parts[0] if f.parent != path else "" for f in files]
         return files, labels
-    manifest = load_source(source, reporter)
+    manifest = load_source(source, reporter, follow_links=follow_links)
     if split:
         manifest = manifest.select(split)
         if not len(manifest):
@@ -51,15 +52,16 @@ def embed_source(
     workers: int = 0,
     amp: str = "none",
     shard: str | None = None,
+    follow_links: bool = False,
 ) -> dict[str, Any]:
     """Embed a source with a checkpoint or a backbone (`model_from`) into `out_dir`, or with
     `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
     in the whole (sorted) input list."""
     from pactl.embed import Shard, parse_shard
 
-    files, labels = source_items(source, split, reporter)
+    part = parse_shard(shard) if shard else Shard()  # a usage mistake before any listing
+    files, labels = source_items(source, split, reporter, follow_links)
     ids = np.arange(len(files), dtype=np.int64)
-    part = parse_shard(shard) if shard else Shard()
     if part.count > 1:
         start, stop = part.bounds(len(files))
         files, labels, ids = files[start:stop], labels[start:stop], ids[start:stop]
@@ -183,6 +185,7 @@ def add_to_index(
     device_name: str,
     reporter: Reporter,
     workers: int = 0,
+    follow_links: bool = False,
 ) -> dict[str, Any]:
     """Embed the images of `source` that the bundle lacks with its own model and append them."""
     from pactl.fsutil import remove_stale, writer_lock
@@ -192,14 +195,18 @@ def add_to_index(
     with writer_lock(bundle_dir):  # one writer at a time; queries go on reading
         remove_stale(bundle_dir)  # a .add left by a killed --add
         bundle = load_bundle(bundle_dir, mmap=False)  # handed over: freed before the add
-        return _add_locked(source, bundle, bundle_dir, split, device_name, reporter, workers)
+        files, labels = source_items(source, split, reporter, follow_links)
+        return _add_locked(
+            files, labels, source, bundle, bundle_dir, device_name, reporter, workers
+        )
 
 
 def _add_locked(
+    files: list[Path],
+    labels: list[str],
     source: str,
     bundle: Any,
     bundle_dir: Path,
-    split: str | None,
     device_name: str,
     reporter: Reporter,
     workers: int,
@@ -207,7 +214,6 @@ def _add_locked(
     from pactl.index import add_to_bundle, bundle_count
 
     known = set(bundle.items.paths.tolist())
-    files, labels = source_items(source, split, reporter)
     new = [
         (f, lab) for f, lab in zip(files, labels, strict=True) if os.path.abspath(f) not in known
     ]
@@ -298,11 +304,21 @@ def index_images(
     device_name: str,
     reporter: Reporter,
     workers: int = 0,
+    follow_links: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Embed `source` with a checkpoint or a backbone, then index it, in one go."""
     bundle = out or default_bundle_dir(model_from if isinstance(model_from, Path) else None)
     vectors_dir = bundle / "vectors"
-    embed_source(source, model_from, vectors_dir, split, device_name, reporter, workers=workers)
+    embed_source(
+        source,
+        model_from,
+        vectors_dir,
+        split,
+        device_name,
+        reporter,
+        workers=workers,
+        follow_links=follow_links,
+    )
     return index_vectors(vectors_dir, bundle, config, reporter)
 
 
@@ -407,6 +423,7 @@ def eval_checkpoint(
     device_name: str,
     workers: int,
     reporter: Reporter,
+    follow_links: bool = False,
 ) -> dict[str, float]:
     """Recall@K, MAP@R, R-precision and NMI of a checkpoint's or a backbone's network on a
     dataset's test split."""
@@ -416,7 +433,7 @@ def eval_checkpoint(
     from pactl.embed import resolve_device
     from pactl.train import evaluate
 
-    manifest = load_source(source, reporter)
+    manifest = load_source(source, reporter, follow_links=follow_links)
     evaluation = manifest.select(*manifest.eval_splits())
     if not len(evaluation):
         raise PactlError(f"{source} has no test split to evaluate on")
