@@ -227,3 +227,18 @@ def test_a_symlinked_copy_and_a_flat_copy_both_load(
     ok(["index", str(vec), "--out", str(tmp_path / "followed")], monkeypatch, capsys)
     assert (tmp_path / "followed" / ".pactl-current").is_symlink()
     assert load_bundle(tmp_path / "followed").items.paths.tolist() == want
+
+
+def test_a_filesystem_without_links_is_one_line(
+    vec: Path, tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    import errno
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "symlink", refuse)  # as on FAT or some network shares
+    refused(
+        ["index", str(vec), "--out", str(tmp_path / "b")], monkeypatch, capsys, "symbolic links"
+    )
+    assert not (tmp_path / "b").exists()  # the first write failed: no folder left
