@@ -3,44 +3,201 @@
 from __future__ import annotations
 
 import csv
+import json
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from pactl.errors import UsageError
 from pactl.fsutil import atomic_path
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from PIL import Image, ImageDraw
 
-def plot_curves(metrics_csv: Path, out: Path) -> None:
-    """curves.png: training loss, and Recall@1 per epoch from epoch 0 (before training) on, of
-    the test classes and of the validation classes when there are any."""
-    import matplotlib
+# The picture format is the one the file name says: a .jpg holding PNG bytes confuses viewers.
+IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
+SAVE_OPTIONS: dict[str, dict[str, Any]] = {"JPEG": {"quality": 92}, "WEBP": {"quality": 90}}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    with open(metrics_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
+def check_image_path(path: Path) -> str:
+    """The Pillow format that `path`'s extension names. Any other extension is refused, naming
+    the supported ones: cheap enough to call before the work whose result it will hold."""
+    suffix = path.suffix.lower()
+    if suffix not in IMAGE_FORMATS:
+        given = f"'{path.suffix}'" if path.suffix else "no extension"
+        raise UsageError(
+            f"{path}: cannot tell the picture format from {given}; "
+            f"name it {', '.join(IMAGE_FORMATS)}"
+        )
+    fmt = IMAGE_FORMATS[suffix]
+    if fmt == "WEBP":
+        from PIL import features
+
+        if not features.check("webp"):
+            raise UsageError(f"{path}: this Pillow cannot write WebP; use .png or .jpg")
+    return fmt
+
+
+# ---------------------------------------------------------------------------- training curves
+
+SELECTION_KEYS = {"val": "val_recall@1", "test": "recall@1"}  # as train.record_epoch chooses
+SELECTION_NAMES = {"val": "by validation Recall@1", "test": "by test Recall@1", "last": "the last"}
+
+
+def plot_curves(
+    metrics_csv: Path, out: Path, selection: str | None = None, run_name: str | None = None
+) -> None:
+    """curves.png: training loss, Recall@1 and MAP@R per epoch from epoch 0 (before training)
+    on, of the test classes and of the validation classes when there are any, with the epoch
+    best.pt holds marked. `selection` (val | test | last) and `run_name` default to what the run
+    folder holding `metrics_csv` says."""
+    fmt = check_image_path(out)
+    rows = read_metrics(metrics_csv)
     if not rows:
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    trained = [(int(r["epoch"]), float(r["loss"])) for r in rows if r.get("loss")]
-    if trained:
-        left.plot(*zip(*trained, strict=True), marker="o")
-    left.set(title="training loss", xlabel="epoch")
-    for key, label, colour in (
-        ("recall@1", "test classes", "tab:green"),
-        ("val_recall@1", "validation classes", "tab:blue"),
-    ):
-        evaluated = [(int(r["epoch"]), float(r[key])) for r in rows if r.get(key)]
-        if evaluated:
-            right.plot(*zip(*evaluated, strict=True), marker="o", color=colour, label=label)
-    right.set(title="Recall@1 (epoch 0: before training)", xlabel="epoch", ylim=(0, 1))
-    right.legend(loc="lower right")
-    fig.tight_layout()
+    run_dir = metrics_csv.absolute().parent
+    columns = set().union(*rows)
+    chosen = selection or run_selection(run_dir, columns)
+    fig = curves_figure(rows, run_name or run_dir.name, chosen)
     with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+        fig.savefig(tmp, format=fmt.lower(), dpi=100)
 
+
+def read_metrics(metrics_csv: Path) -> list[dict[str, float]]:
+    """metrics.csv as numbers, one dict per row. Empty cells (an epoch not evaluated, epoch 0's
+    loss) and cells that are not finite numbers are left out: one odd cell hides one point."""
+    with open(metrics_csv, newline="", encoding="utf-8", errors="replace") as f:
+        table = list(csv.DictReader(f))
+    rows = []
+    for row in table:
+        numbers = {k: _number(v) for k, v in row.items() if isinstance(k, str)}
+        kept = {k: v for k, v in numbers.items() if v is not None}
+        if "epoch" in kept:
+            rows.append(kept)
+    return rows
+
+
+def _number(cell: Any) -> float | None:
+    try:
+        value = float(cell)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def run_selection(run_dir: Path, columns: set[str]) -> str:
+    """How best.pt was chosen: as the run's config.json records it (train_config.selection);
+    without one, by validation Recall@1 when there are validation columns, else by test."""
+    try:
+        chosen = json.loads((run_dir / "config.json").read_bytes())["train_config"]["selection"]
+    except (OSError, ValueError, KeyError, TypeError):
+        chosen = None
+    if chosen in SELECTION_NAMES:
+        return str(chosen)
+    return "val" if SELECTION_KEYS["val"] in columns else "test"
+
+
+def best_epoch(rows: Sequence[dict[str, float]], selection: str) -> int | None:
+    """The epoch best.pt holds, chosen as training chose it: the first epoch with the highest
+    Recall@1 of the selection split, or the last epoch for `last`. None when nothing scored."""
+    if selection not in SELECTION_NAMES:
+        raise ValueError(f"selection must be one of {', '.join(SELECTION_NAMES)}: {selection!r}")
+    key = SELECTION_KEYS.get(selection)
+    if key is None:
+        return int(rows[-1]["epoch"]) if rows else None
+    scored = [r for r in rows if key in r]
+    if not scored:
+        return None
+    return int(max(scored, key=lambda r: (r[key], -r["epoch"]))["epoch"])
+
+
+def zoom(values: Sequence[float]) -> tuple[float, float]:
+    """y-limits that fit `values` with a margin, inside [0, 1]: Recall@1 going from 0.96 to
+    0.98 shows as a climb, where a 0-1 axis draws it flat."""
+    low, high = min(values), max(values)
+    pad = max(0.15 * (high - low), 0.01)
+    return max(0.0, low - pad), min(1.0, high + pad)
+
+
+def curves_figure(rows: Sequence[dict[str, float]], run_name: str, selection: str) -> Figure:
+    """The curves as a matplotlib Figure (no pyplot: no global figure state to close)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    with_map = any("map@r" in r or "val_map@r" in r for r in rows)
+    fig = Figure(figsize=(4.2 * (3 if with_map else 2), 3.6), layout="constrained")
+    axes = list(fig.subplots(1, 3 if with_map else 2, sharex=True))  # epochs line up
+    _series(axes[0], rows, [("loss", "training loss", "tab:orange")], zoomed=False)
+    axes[0].set_title("training loss")
+    pairs = [("test classes", "tab:green"), ("validation classes", "tab:blue")]
+    for ax, name, keys in (
+        (axes[1], "Recall@1 (epoch 0: before training)", ("recall@1", "val_recall@1")),
+        *([(axes[2], "MAP@R", ("map@r", "val_map@r"))] if with_map else []),
+    ):
+        _series(ax, rows, [(k, *p) for k, p in zip(keys, pairs, strict=True)], zoomed=True)
+        ax.set_title(name)
+    best = best_epoch(rows, selection)
+    title = run_name
+    if best is not None:
+        _mark_best(axes, rows, best, selection)
+        title = f"{run_name}: best.pt is epoch {best} ({SELECTION_NAMES[selection]})"
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        if ax.get_lines():
+            ax.legend(loc="best", fontsize="small")
+    fig.suptitle(title)
+    return fig
+
+
+def _series(
+    ax: Axes, rows: Sequence[dict[str, float]], series: list[tuple[str, str, str]], zoomed: bool
+) -> None:
+    shown: list[float] = []
+    for key, label, colour in series:
+        points = [(int(r["epoch"]), r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", color=colour, label=label)
+            shown += [v for _, v in points]
+    if zoomed and shown:
+        ax.set_ylim(*zoom(shown))
+
+
+def _mark_best(
+    axes: list[Axes], rows: Sequence[dict[str, float]], best: int, selection: str
+) -> None:
+    """A dashed line at the best epoch on every panel, and a star on the Recall@1 that chose it
+    (the validation curve when there is one, for `last`)."""
+    for ax in axes:
+        ax.axvline(best, color="0.4", linestyle="--", linewidth=1, gid="best-epoch")
+    row = next(r for r in rows if int(r["epoch"]) == best)
+    keys = [SELECTION_KEYS[selection]] if selection in SELECTION_KEYS else []
+    key = next((k for k in (*keys, "val_recall@1", "recall@1") if k in row), None)
+    if key is not None:
+        axes[1].plot(
+            [best],
+            [row[key]],
+            marker="*",
+            markersize=14,
+            color="gold",
+            markeredgecolor="black",
+            linestyle="none",
+            label=f"best.pt (epoch {best})",
+            gid="best-point",
+        )
+
+
+# ---------------------------------------------------------------------------- retrieval grid
 
 GREEN, RED, GREY = (40, 170, 60), (210, 40, 40), (150, 150, 150)
+QUERY_FRAME = (30, 30, 30)
+TILE_BACKGROUND = (235, 235, 235)  # shows where an image of another aspect ratio ends
+CAPTION_HEIGHT = 14
+CAPTION_FONT = 12  # the largest size whose descenders fit the caption row; 10 squeezes spaces
+NEAREST_FROM = 2.0  # enlarged this much or more, pixels are drawn as crisp blocks
 
 
 def retrieval_grid(
@@ -49,35 +206,95 @@ def retrieval_grid(
     thumb: int = 112,
     border: int = 5,
 ) -> None:
-    """A picture like the paper's Figure 4: each query, then its hits left to right.
+    """A picture like the paper's Figure 4: each query, then its hits left to right, in the
+    format `out`'s extension names (checked first, before any image is read).
 
     `rows` holds (query path, query label or None, [(hit path, hit label, score), ...]); a hit
     is framed green when its label equals the query's, red when not, grey when unknown.
     """
-    from PIL import Image, ImageDraw
-
-    from pactl.images import ImageError, load_image
+    fmt = check_image_path(out)
+    from PIL import Image, ImageDraw, ImageFont
 
     cell = thumb + 2 * border
     columns = 1 + max((len(hits) for _, _, hits in rows), default=0)
-    sheet = Image.new("RGB", (columns * cell, max(len(rows), 1) * (cell + 14)), "white")
+    height = max(len(rows), 1) * (cell + CAPTION_HEIGHT)
+    sheet = Image.new("RGB", (columns * cell, height), "white")
     draw = ImageDraw.Draw(sheet)
-
-    def paste(path: str, x: int, y: int, frame: tuple[int, int, int], caption: str) -> None:
-        draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=frame)
-        try:
-            image = load_image(Path(path), target_size=thumb)
-            image.thumbnail((thumb, thumb))
-            sheet.paste(image, (x + border, y + border))
-        except ImageError:
-            draw.line([x, y, x + cell, y + cell], fill="black")
-        draw.text((x + 2, y + cell), caption, fill="black")
-
+    draw.font = ImageFont.load_default(size=CAPTION_FONT)
     for r, (query, label, hits) in enumerate(rows):
-        y = r * (cell + 14)
-        paste(query, 0, y, (30, 30, 30), f"query {label or ''}".strip())
+        y = r * (cell + CAPTION_HEIGHT)
+        _tile(sheet, draw, query, (0, y), thumb, border, QUERY_FRAME, (label, None))
         for c, (path, hit_label, score) in enumerate(hits, start=1):
             frame = GREY if label is None else GREEN if hit_label == label else RED
-            paste(path, c * cell, y, frame, f"{hit_label} {score:.2f}")
+            _tile(sheet, draw, path, (c * cell, y), thumb, border, frame, (hit_label, score))
+    save_image(sheet, out, fmt)
+
+
+def _tile(
+    sheet: Image.Image,
+    draw: ImageDraw.ImageDraw,
+    path: str,
+    at: tuple[int, int],
+    thumb: int,
+    border: int,
+    frame: tuple[int, int, int],
+    label_score: tuple[str | None, float | None],
+) -> None:
+    """One framed tile: the image fitted and centred on the background, its caption below."""
+    from pactl.images import ImageError, load_image
+
+    (x, y), cell = at, thumb + 2 * border
+    draw.rectangle([x, y, x + cell - 1, y + cell - 1], fill=frame)
+    inner = [x + border, y + border, x + border + thumb - 1, y + border + thumb - 1]
+    draw.rectangle(inner, fill=TILE_BACKGROUND)
+    try:
+        image = fit_tile(load_image(Path(path), target_size=thumb), thumb)
+        left, top = (thumb - image.width) // 2, (thumb - image.height) // 2
+        sheet.paste(image, (x + border + left, y + border + top))
+    except ImageError:
+        draw.line([x, y, x + cell, y + cell], fill="black")
+    text = caption(*label_score, fits=lambda t: draw.textlength(t) <= cell - 4)
+    draw.text((x + 2, y + cell + 1), text, fill="black", anchor="lt")
+
+
+def fit_tile(image: Image.Image, size: int) -> Image.Image:
+    """`image` scaled, up or down, to fit a `size` square with its aspect ratio kept. Enlarged a
+    lot (an 8x8 digit), it keeps crisp pixel blocks (NEAREST); made smaller, it is filtered
+    (LANCZOS), so fine detail turns to tone rather than to aliasing."""
+    from PIL import Image
+
+    scale = size / max(image.size)
+    width, height = (max(1, min(size, round(side * scale))) for side in image.size)
+    if (width, height) == image.size:
+        return image
+    if scale >= NEAREST_FROM:
+        return image.resize((width, height), Image.Resampling.NEAREST)
+    if scale > 1:
+        return image.resize((width, height), Image.Resampling.BICUBIC)
+    return image.resize((width, height), Image.Resampling.LANCZOS, reducing_gap=3.0)
+
+
+def caption(
+    label: str | None, score: float | None = None, fits: Callable[[str], bool] = lambda _: True
+) -> str:
+    """A tile's caption: `query 8` under a query, `8 0.912` under a hit (three decimals: the
+    scores of neighbours often differ only there). A label too long for `fits` is cut short
+    with an ellipsis; the score always shows."""
+    name = label or ""
+
+    def compose(shown: str) -> str:
+        return f"query {shown}".strip() if score is None else f"{shown} {score:.3f}".strip()
+
+    shown, keep = name, len(name)
+    while keep > 0 and not fits(compose(shown)):
+        keep -= 1
+        shown = name[:keep] + "…"
+    return compose(shown)
+
+
+def save_image(image: Image.Image, out: Path, fmt: str) -> None:
+    """Write `image` atomically as `fmt` (from check_image_path); JPEG has no alpha channel."""
+    if fmt == "JPEG" and image.mode != "RGB":
+        image = image.convert("RGB")
     with atomic_path(out) as tmp:
-        sheet.save(tmp, format="PNG")
+        image.save(tmp, format=fmt, **SAVE_OPTIONS.get(fmt, {}))
