@@ -12,13 +12,13 @@ import re
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import torch
 from torch import nn
 
 from pactl import __version__
-from pactl.config import ModelConfig, from_dict, to_dict
+from pactl.config import MAX_EPOCHS, ModelConfig, TrainConfig, integer, read_config, to_dict
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_path
 
@@ -72,8 +72,33 @@ def export_payload(
 
 
 def save(path: Path, payload: dict[str, Any]) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        sink = _Sink(f)
+        try:
+            torch.save(payload, cast(IO[bytes], sink))
+        except RuntimeError:
+            if sink.error is not None:  # the real cause, for atomic_path (a full disk)
+                raise sink.error from None
+            raise
+
+
+class _Sink:
+    """A file for torch.save that keeps the OSError of a failed write: torch reports it as a
+    RuntimeError that no longer says why (a full disk reads "unexpected pos 704 vs 598")."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self.file = file
+        self.error: OSError | None = None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -95,11 +120,101 @@ def load(path: Path) -> dict[str, Any]:
         raise PactlError(f"{path} is truncated or not a torch file ({str(e)[:120]})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise PactlError(f"{path} is not a pactl checkpoint (no 'format: {FORMAT}' entry)")
-    if payload.get("version", 0) > VERSION:
-        raise PactlError(
-            f"{path} was written by a newer pactl (format version {payload['version']}); upgrade"
-        )
+    check_payload(payload, path)
     return payload
+
+
+def check_payload(payload: dict[str, Any], path: Path) -> None:
+    """Every entry a loader uses, checked before any is used (a tampered image_size of 20000
+    would ask for gigabytes first): one line naming the file and the entry. The recorded
+    fingerprint is not trusted; open_network recomputes it from the weights."""
+    version = payload.get("version")
+    _expect(path, "version", version, "a positive integer", integer(1, 2**31).ok(version))
+    if version > VERSION:  # type: ignore[operator]
+        raise PactlError(f"{path} was written by a newer pactl (format version {version}); upgrade")
+    kind = payload.get("kind")
+    _expect(path, "kind", kind, "export or full", kind in ("export", "full"))
+    _check_tensors(path, "model", payload.get("model"))
+    from pactl.model import check_model_config
+
+    config = read_config(ModelConfig, payload.get("model_config"), f"{path}: model_config")
+    check_model_config(config, trained=False, name=lambda field: f"{path}: model_config.{field}")
+    classes = payload.get("classes")
+    _expect(path, "classes", classes, "a list of names", _is_list_of(classes, str))
+    epoch, rule = payload.get("epoch"), integer(0, MAX_EPOCHS)
+    _expect(path, "epoch", epoch, rule.wants, rule.ok(epoch))
+    _expect(
+        path,
+        "metrics",
+        payload.get("metrics"),
+        "a mapping of names to numbers",
+        _is_scores(payload.get("metrics")),
+    )
+    if kind == "full":
+        check_training_state(payload, path)
+
+
+def check_training_state(payload: dict[str, Any], path: Path) -> None:
+    """The entries only checkpoint.pt has (--resume); whether they fit the run's network and
+    optimiser is checked as they are loaded (pactl.train.restore_state)."""
+    _check_tensors(path, "proxies", payload.get("proxies"), empty=True)
+    read_config(TrainConfig, payload.get("train_config"), f"{path}: train_config")
+    for key in ("optimizer", "scheduler", "scaler"):
+        _expect(path, key, payload.get(key), "a mapping", isinstance(payload.get(key), dict))
+    rng = payload.get("rng")
+    state = rng.get("torch") if isinstance(rng, dict) else None
+    wanted = isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.dim() == 1
+    _expect(path, "rng", rng, "a mapping with the torch generator's state", wanted)
+    best = payload.get("best")
+    wanted = (
+        isinstance(best, dict)
+        and _is_int(best.get("epoch"))
+        and best["epoch"] >= -1
+        and _is_scores(best.get("metrics"))
+        and _is_number(best.get("score", 0.0))
+    )
+    _expect(path, "best", best, "a mapping of epoch, metrics and score", wanted)
+    start = payload.get("start", {})
+    _expect(path, "start", start, "a mapping of names to numbers", _is_scores(start))
+
+
+def _expect(path: Path, key: str, value: Any, wants: str, ok: bool) -> None:
+    if not ok:
+        shown = (
+            repr(value)
+            if not isinstance(value, (dict, list, torch.Tensor))
+            else type(value).__name__
+        )
+        raise PactlError(f"{path}: {key} must be {wants} (got {shown[:40]})")
+
+
+def _check_tensors(path: Path, key: str, value: Any, empty: bool = False) -> None:
+    """A mapping of names to tensors, floating ones finite (NaN weights embed to NaN)."""
+    wanted = isinstance(value, dict) and (empty or len(value) > 0)
+    _expect(path, key, value, "a mapping of names to tensors", wanted)
+    for name, tensor in value.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise PactlError(f"{path}: {key} must map names to tensors (got {name!r:.40})")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise PactlError(f"{path}: {key} {name!r:.60} holds NaN or infinite values")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or isinstance(value, float)  # NaN is a metric of too few images
+
+
+def _is_list_of(value: Any, kind: type) -> bool:
+    return isinstance(value, list) and all(isinstance(v, kind) for v in value)
+
+
+def _is_scores(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and _is_number(v) for k, v in value.items()
+    )
 
 
 def load_model(path: Path) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
@@ -109,10 +224,19 @@ def load_model(path: Path) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:
     from pactl.model import build_model
 
     payload = load(path)
-    config = from_dict(ModelConfig, payload["model_config"])
+    config = read_config(ModelConfig, payload["model_config"], f"{path}: model_config")
     # The checkpoint has all the weights: never fetch pretrained ones to overwrite them.
-    model, _ = build_model(dataclasses.replace(config, weights="none"))
-    model.load_state_dict(payload["model"])
+    model, built = build_model(dataclasses.replace(config, weights="none"))
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as e:
+        reason = " ".join(str(e).split())[:160]
+        raise PactlError(f"{path}: the weights do not fit its model_config ({reason})") from None
+    if config.dimension not in (None, built.dimension):
+        raise PactlError(
+            f"{path}: model_config.dimension is {config.dimension} but the network makes "
+            f"{built.dimension}-d vectors"
+        )
     model.eval()
     return model, config, payload
 
@@ -150,7 +274,9 @@ def network_of(meta: dict[str, Any], checkpoint: Path | None = None) -> tuple[nn
     recorded = meta.get("checkpoint")
     if checkpoint is None and recorded:
         checkpoint = Path(recorded)
-    source: ModelSource = checkpoint or from_dict(ModelConfig, meta["model_config"])
+    source: ModelSource = checkpoint or read_config(
+        ModelConfig, meta.get("model_config"), "meta.json: model_config"
+    )
     model, network = open_network(source)
     if network.fingerprint != meta.get("fingerprint"):
         raise PactlError(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,14 +13,71 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from pactl import __version__
-from pactl.config import PRESETS, IndexConfig, ModelConfig, TrainConfig, override, preset_for
+from pactl.config import (
+    MAX_BATCH_SIZE,
+    MAX_K,
+    MAX_WORKERS,
+    PRESETS,
+    TRAIN_RULES,
+    IndexConfig,
+    ModelConfig,
+    Rule,
+    TrainConfig,
+    check,
+    override,
+    preset_for,
+)
 from pactl.console import Reporter, err, out
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
 
+
+class Commands(TyperGroup):
+    """pactl's verbs. Typer's own usage errors (an option value of the wrong type or out of
+    range, an unknown option or verb) end as one line like pactl's, not a framed panel."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args:  # `pactl` alone: the help, as no_args_is_help asks
+            return super().parse_args(ctx, args)
+        with one_line_usage_errors():
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: Any) -> Any:
+        fill_closed_descriptors()
+        with one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except typer.TyperException as e:
+        if getattr(e, "exit_code", None) != 2:  # 2: click's UsageError and its kinds
+            raise
+        where = getattr(getattr(e, "ctx", None), "command_path", "pactl")
+        message = " ".join(e.format_message().split())
+        raise UsageError(f"{message} (see {where} --help)") from None
+
+
+def fill_closed_descriptors() -> None:
+    """A closed stdin, stdout or stderr (`<&-`, `>&-`) gets /dev/null on its number, so that no
+    file pactl opens later takes that number (where a library's own prints would land)."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 app = typer.Typer(
+    cls=Commands,
     name="pactl",
     help="Proxy-Anchor metric learning and FAISS retrieval: labelled images in, "
     "top-k answers out.\n\n"
@@ -32,7 +91,7 @@ app = typer.Typer(
 
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or log lines.")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
-Workers = Annotated[int, typer.Option(min=0, help="DataLoader worker processes.")]
+Workers = Annotated[int, typer.Option(min=0, max=MAX_WORKERS, help="DataLoader worker processes.")]
 Backbone = Annotated[
     str | None,
     typer.Option(
@@ -50,6 +109,18 @@ BackboneResize = Annotated[
     int | None,
     typer.Option(min=1, help="With --backbone: resize before the crop (default: the weights')."),
 ]
+# Option names of config fields, where they differ from the field's name.
+OPTIONS = {"embedding_dim": "--dim", "m_per_class": "--m", "compile": "--compile"}
+
+
+def option_name(field: str) -> str:
+    return OPTIONS.get(field, "--" + field.replace("_", "-"))
+
+
+def check_option(option: str, value: Any, rule: Rule) -> None:
+    """A plain option value (not part of a config) in its range: a usage error naming it."""
+    if value is not None and not rule.ok(value):
+        raise UsageError(f"{option} must be {rule.wants} (got {value!r:.40})")
 
 
 class Amp(str, Enum):
@@ -95,7 +166,8 @@ def reporter(quiet: bool) -> Reporter:
 
 def version_callback(value: bool) -> None:
     if value:
-        out.print(f"pactl {__version__}")
+        with to_stdout():
+            out.print(f"pactl {__version__}")
         raise typer.Exit()
 
 
@@ -158,7 +230,8 @@ def show_catalog() -> None:
             _how(catalog.CATALOG[row.name].offline, row.manual),
             row.licence,
         )
-    out.print(table)
+    with to_stdout():
+        out.print(table)
 
 
 def _how(offline: bool, manual: bool) -> str:
@@ -266,10 +339,15 @@ def train(
     from pactl.train import fit, latest_run, prepare_run_dir, resumed_configs
 
     log = reporter(quiet)
+    if name is not None:
+        check_run_name(name)
+    check_option("--device", device, TRAIN_RULES["device"])
     if resume:
         run = latest_run(runs_dir()) if resume == "latest" else Path(resume)
         source, model_cfg, cfg = resumed_configs(run)
-        cfg = override(cfg, epochs=epochs, device=device, workers=workers)
+        cfg = check(
+            override(cfg, epochs=epochs, device=device, workers=workers), option_name, UsageError
+        )
         why: list[str] = []
     else:
         if source is None:
@@ -323,20 +401,21 @@ def train(
                 cfg = override(cfg, warmup_epochs=0)
                 why.append("no warm-up epochs: a random backbone has no features to protect")
         model_cfg = with_preprocessing(model_cfg)
+        check_model_config(model_cfg, name=option_name, error=UsageError)
+        check(cfg, option_name, UsageError)
         run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
     if print_config:
-        import os
-
         from pactl.distributed import World
         from pactl.train import explain, resolve_train_config
 
         world = World(size=int(os.environ.get("WORLD_SIZE", "1")))
         cfg = resolve_train_config(model_cfg, cfg, world)
         why += explain(model_cfg, cfg)
-        out.print_json(data={"source": source, "why": why, **_configs(model_cfg, cfg)})
+        with to_stdout():
+            out.print_json(data={"source": source, "why": why, **_configs(model_cfg, cfg)})
         return
+    check_output(run, "run folder", folder=True)
     manifest = load_source(source, log)
-    check_model_config(model_cfg)
     created = not run.exists()
     prepare_run_dir(run, resume=bool(resume), overwrite=overwrite)
     try:
@@ -348,8 +427,9 @@ def train(
         raise
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
     chooser = {"val": "validation Recall@1", "test": "test Recall@1", "last": "last epoch"}
-    out.print(f"run: {result.run_dir}")
-    out.print(f"best epoch {result.best_epoch} (by {chooser[result.selection]}): {best}")
+    with to_stdout():
+        out.print(f"run: {result.run_dir}")
+        out.print(f"best epoch {result.best_epoch} (by {chooser[result.selection]}): {best}")
 
 
 @contextmanager
@@ -371,12 +451,78 @@ def _configs(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
 
 
 def default_run_name(source: str, model_cfg: ModelConfig, cfg: TrainConfig) -> str:
+    """SOURCE-BACKBONE-LOSS-TIME, every character outside letters, digits, `.`, `-` and `_`
+    replaced by `_`: one plain folder name whatever the source is called."""
     import time
 
     stem = Path(source).stem if ("/" in source or "." in source) else source
-    return (
-        f"{stem}-{model_cfg.backbone.replace(':', '_')}-{cfg.loss}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = f"{stem}-{model_cfg.backbone}-{cfg.loss}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return re.sub(r"[^\w.-]", "_", name)
+
+
+def check_run_name(name: str) -> None:
+    """--name is one plain folder name under the runs folder: not empty, `.` or `..`, no `/` or
+    `\\`, no NUL or other control characters, at most 255 bytes. Anything else could name a
+    folder outside runs/ (which --overwrite would then remove)."""
+    plain = (
+        name not in ("", ".", "..")
+        and not any(c in name for c in "/\\")
+        and name.isprintable()
+        and len(name.encode("utf-8", "surrogateescape")) <= 255
     )
+    if not plain:
+        raise UsageError(
+            f"--name {name!r:.80} must be one plain folder name under {runs_dir()}: no '/', "
+            "'\\', '.', '..' or control characters"
+        )
+
+
+@contextmanager
+def to_stdout() -> Iterator[None]:
+    """Results on stdout: a reader that went away (`| head`) ends the command quietly with exit
+    0; a stdout that cannot be written (a full disk behind `>`, /dev/full) is one line, exit 1."""
+    try:
+        yield
+    except BrokenPipeError:
+        quiet_stdout()
+        raise typer.Exit(0) from None
+    except OSError as e:
+        quiet_stdout()
+        raise PactlError(f"cannot write to standard output ({e.strerror or e})") from None
+
+
+def quiet_stdout() -> None:
+    """Point descriptor 1 at /dev/null: what stdout still buffers is dropped at exit instead of
+    failing a second time (where Python would print a warning and exit 120)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # closed, or not a file (tests' capture)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def check_output(path: Path, option: str, folder: bool) -> None:
+    """Refuse, before any work, an output that cannot be written: a folder where a file goes or
+    a file where a folder goes, a parent that is a file, a folder that takes no new files
+    (read-only, or not ours to write). Checked with a nameless file (O_TMPFILE) where the output
+    will go: nothing is left behind."""
+    import tempfile
+
+    if folder and path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} is a file, not a folder")
+    if not folder and path.is_dir():
+        raise UsageError(f"{option} {path} is a folder; give a file name")
+    parent = path if folder else path.parent
+    existing = next(p for p in (parent, *parent.parents) if p.exists() or p == Path("."))
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path}: {existing} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise PactlError(f"cannot write {option} {path}: {existing} ({e.strerror})") from None
 
 
 @app.command()
@@ -392,7 +538,7 @@ def embed(
     resize_size: BackboneResize = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("vectors"),
     split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
-    batch_size: Annotated[int, typer.Option(min=1)] = 128,
+    batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH_SIZE)] = 128,
     workers: Workers = 0,
     device: Device = "auto",
     amp: Annotated[Amp, typer.Option(help="Mixed precision autocast.")] = Amp.none,
@@ -420,6 +566,8 @@ def embed(
     """
     from pactl.pipeline import embed_source
 
+    check_option("--device", device, TRAIN_RULES["device"])
+    check_output(out_dir, "--out", folder=True)
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     with on_interrupt("nothing half-written was kept; run the same command again"):
         meta = embed_source(
@@ -435,7 +583,8 @@ def embed(
             shard,
         )
     fresh = f", {meta['embedded']} embedded now" if "embedded" in meta else ""
-    out.print(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}")
+    with to_stdout():
+        out.print(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}")
     if meta["skipped"]:
         err.print(f"{meta['skipped']} unreadable images skipped: see {out_dir / 'skipped.csv'}")
 
@@ -502,15 +651,22 @@ def index(
 
     log = reporter(quiet)
     config = IndexConfig(factory=factory, target_recall=target_recall, on_disk=on_disk.value)
+    check(config, option_name, UsageError)
+    check_option("--device", device, TRAIN_RULES["device"])
+    if out_dir is not None:
+        check_output(out_dir, "--out", folder=True)
     if add is not None:
         if source is None:
             raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
         done = pipeline.add_to_index(source, add, split, device, log)
-        out.print(f"added {done['added']} items to {add} ({done['count']} in all)")
+        with to_stdout():
+            out.print(f"added {done['added']} items to {add} ({done['count']} in all)")
         return
     if source is None:
         bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log)
     elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
+        if out_dir is not None:
+            check_apart(Path(source), out_dir)
         bundle, meta = pipeline.index_vectors(Path(source), out_dir, config, log)
     elif checkpoint is None and backbone is None:
         raise UsageError(
@@ -522,7 +678,19 @@ def index(
         bundle, meta = pipeline.index_images(
             source, model_from, out_dir, split, config, device, log
         )
-    out.print(f"indexed {meta['count']} items ({meta.get('factory', '?')}) in {bundle}")
+    with to_stdout():
+        out.print(f"indexed {meta['count']} items ({meta.get('factory', '?')}) in {bundle}")
+
+
+def check_apart(vectors: Path, bundle: Path) -> None:
+    """A bundle is never written into the vectors folder it is built from (or a folder inside
+    it): its items.csv and meta.json would replace the vectors' own."""
+    source, target = vectors.resolve(), bundle.resolve()
+    if target == source or source in target.parents:
+        raise UsageError(
+            f"--out {bundle} is the vectors folder {vectors} or inside it: the bundle would "
+            "overwrite its own input; give another folder"
+        )
 
 
 @app.command()
@@ -530,7 +698,9 @@ def query(
     images: Annotated[
         list[str], typer.Argument(help="Image files or folders; '-' reads paths from stdin.")
     ],
-    k: Annotated[int, typer.Option("--k", "-k", min=1, help="Neighbours per query.")] = 4,
+    k: Annotated[
+        int, typer.Option("--k", "-k", min=1, max=MAX_K, help="Neighbours per query.")
+    ] = 4,
     index_dir: Annotated[
         Path | None, typer.Option("--index", help="Bundle folder (default: newest under runs/).")
     ] = None,
@@ -573,6 +743,8 @@ def query(
     from pactl.output import HitWriter
 
     log = reporter(quiet)
+    check_option("--device", device, TRAIN_RULES["device"])
+    check_query_io(images, grid)
     bundle = index_dir or pipeline.find_bundle(runs_dir())
     if index_dir is None:
         log.log(f"using index {bundle}")
@@ -595,18 +767,45 @@ def query(
             if strict:
                 raise PactlError(f"unreadable query image {name} ({reason})")
         failures += len(chunk.failed)
-        writer.write(chunk.hits)
+        with to_stdout():
+            writer.write(chunk.hits)
         for name, label, hits in zip(chunk.names, chunk.labels, chunk.hits, strict=True):
             if grid is not None and len(pictured) < 32:
                 pictured.append((name, label, [(h.path, h.label, h.score) for h in hits]))
-    writer.close()
+    with to_stdout():
+        writer.close()
     if grid is not None:
         from pactl.report import retrieval_grid
 
-        retrieval_grid(pictured, grid)
+        with writing(grid):
+            retrieval_grid(pictured, grid)
         err.print(f"wrote {grid}")
     if failures:
         err.print(f"{failures} unreadable query images skipped")
+
+
+def check_query_io(images: list[str], grid: Path | None) -> None:
+    """Before the bundle loads: a stdin to read for '-', a stdout for the hits, and a --grid
+    that can be written in the format its name says."""
+    if "-" in images and sys.stdin is None:
+        raise UsageError("'-' reads image paths from standard input, which is closed")
+    if sys.stdout is None:
+        raise PactlError("standard output is closed: the hits would go nowhere")
+    if grid is not None:
+        from pactl.report import check_image_path
+
+        check_output(grid, "--grid", folder=False)
+        check_image_path(grid)
+
+
+def stdin_paths() -> Iterator[Path]:
+    """Paths on stdin, one a line, read as bytes: a name that is not UTF-8 keeps its bytes
+    (os.fsdecode), as a name given on the command line does."""
+    stream = getattr(sys.stdin, "buffer", sys.stdin)  # tests give a text stream
+    for line in stream:
+        name = os.fsdecode(line) if isinstance(line, bytes) else line
+        if name.strip():
+            yield Path(name.rstrip("\n"))
 
 
 def query_paths(images: list[str]) -> Any:
@@ -615,9 +814,7 @@ def query_paths(images: list[str]) -> Any:
 
     for item in images:
         if item == "-":
-            for line in sys.stdin:
-                if line.strip():
-                    yield Path(line.rstrip("\n"))
+            yield from stdin_paths()
         elif Path(item).is_dir():
             yield from list_images(Path(item))
         else:
@@ -661,15 +858,29 @@ def eval_(
         source = source or resumed_configs(run)[0]
     if source is None:
         raise UsageError("give the dataset, folder or CSV to evaluate on")
+    check_option("--device", device, TRAIN_RULES["device"])
+    check_output(report, "--report", folder=False)
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     k_list = parse_ks(ks) if ks else PRESETS[source].train.eval_ks if source in PRESETS else None
     metrics = eval_checkpoint(
         source, model_from, k_list or (1, 2, 4, 8), device, workers, reporter(quiet)
     )
-    write_report(report, source, model_from, metrics)
-    for key, value in metrics.items():
-        out.print(f"{key:12s} {value:.4f}")
+    with writing(report):
+        write_report(report, source, model_from, metrics)
+    with to_stdout():
+        for key, value in metrics.items():
+            out.print(f"{key:12s} {value:.4f}")
     err.print(f"wrote {report}")
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """A file that cannot be written after all (made read-only meanwhile, an I/O error) is one
+    line; a full disk already is one (pactl.fsutil)."""
+    try:
+        yield
+    except OSError as e:
+        raise PactlError(f"cannot write {path} ({e.strerror or e})") from None
 
 
 def with_preprocessing(config: ModelConfig) -> ModelConfig:
@@ -691,8 +902,8 @@ def parse_ks(text: str) -> tuple[int, ...]:
         ks = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"--ks takes integers separated by commas (got {text!r})") from None
-    if not ks or min(ks) < 1:
-        raise UsageError("--ks needs positive integers")
+    if not ks or min(ks) < 1 or max(ks) > MAX_K:
+        raise UsageError(f"--ks needs integers from 1 to {MAX_K:,} (got {text!r:.40})")
     return ks
 
 
@@ -723,7 +934,7 @@ def model_source(
     from pactl.model import check_model_config
 
     constructor_for(backbone)  # an unknown name fails before any work
-    check_model_config(config, trained=False)
+    check_model_config(config, trained=False, name=option_name, error=UsageError)
     return config
 
 

@@ -7,8 +7,13 @@ meta.json), so each can be rebuilt from its own metadata.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from pactl.errors import PactlError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -193,3 +198,190 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
         k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names
     }
     return cls(**values)
+
+
+# ---------------------------------------------------------------------------- checking values
+#
+# Every config is checked field by field before it is used, whether it comes from the command
+# line, a run's config.json or a checkpoint: a value out of range fails late (a seed of -1 in
+# the sampler, a NaN learning rate after an epoch) or costs a lot before it fails (an image side
+# of 20000 asks for gigabytes per batch).
+
+MIN_IMAGE_SIZE = 8  # the smallest crop side; a backbone may need more (pactl.model checks it)
+MAX_IMAGE_SIZE = 4096  # a batch of 4096 px crops already takes gigabytes
+MAX_RESIZE_SIZE = 2 * MAX_IMAGE_SIZE
+MAX_EMBEDDING_DIM = 8192
+MAX_DIMENSION = 65536  # pooled features of any backbone
+MAX_EPOCHS = 100_000
+MAX_BATCH_SIZE = 65_536
+MAX_WORKERS = 256
+MAX_SEED = 2**32 - 1  # seeds are mixed with epochs and ranks and must stay within 64 bits
+MAX_K = 1_000_000  # Recall@K: K neighbours per query
+INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos")
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d{1,4})?")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a field must hold, in words for the message, and the test."""
+
+    wants: str
+    ok: Callable[[Any], bool]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def integer(low: int, high: int) -> Rule:
+    return Rule(f"an integer from {low:,} to {high:,}", lambda v: _is_int(v) and low <= v <= high)
+
+
+def number(low: float, high: float, above: bool = False) -> Rule:
+    """A finite number in [low, high], or in (low, high] when `above`."""
+    wants = f"a number {'above' if above else 'from'} {low:g} {'and at most' if above else 'to'}"
+    return Rule(
+        f"{wants} {high:g}",
+        lambda v: _is_number(v) and (low < v if above else low <= v) and v <= high,
+    )
+
+
+def choice(*names: str) -> Rule:
+    return Rule(f"one of {', '.join(names)}", lambda v: isinstance(v, str) and v in names)
+
+
+def text() -> Rule:
+    return Rule("a non-empty string", lambda v: isinstance(v, str) and v != "" and "\0" not in v)
+
+
+def flag() -> Rule:
+    return Rule("true or false", lambda v: isinstance(v, bool))
+
+
+def optional(rule: Rule) -> Rule:
+    return Rule(f"{rule.wants}, or null", lambda v: v is None or rule.ok(v))
+
+
+def numbers(count: int, item: Rule) -> Rule:
+    return Rule(
+        f"{count} numbers, each {item.wants}",
+        lambda v: isinstance(v, tuple) and len(v) == count and all(item.ok(x) for x in v),
+    )
+
+
+def device() -> Rule:
+    return Rule(
+        "auto, cpu, mps, cuda or cuda:N",
+        lambda v: isinstance(v, str) and DEVICE_PATTERN.fullmatch(v) is not None,
+    )
+
+
+MODEL_RULES: dict[str, Rule] = {
+    "backbone": text(),
+    "weights": text(),
+    "embedding_dim": integer(0, MAX_EMBEDDING_DIM),
+    "image_size": integer(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE),
+    "resize_size": optional(integer(MIN_IMAGE_SIZE, MAX_RESIZE_SIZE)),
+    "mean": optional(numbers(3, number(0, 1))),
+    "std": optional(numbers(3, number(0, 1, above=True))),
+    "interpolation": optional(choice(*INTERPOLATIONS)),
+    "pooling": choice("avg+max"),
+    "dimension": optional(integer(1, MAX_DIMENSION)),
+}
+
+TRAIN_RULES: dict[str, Rule] = {
+    "epochs": integer(1, MAX_EPOCHS),
+    "batch_size": integer(2, MAX_BATCH_SIZE),  # a step needs two images to compare
+    "lr": number(0, 10, above=True),
+    "weight_decay": number(0, 10),
+    "proxy_lr_mult": number(0, 1e6, above=True),
+    "alpha": number(0, 1e4, above=True),
+    "delta": number(0, 1),
+    "loss": text(),  # a registry name: pactl.losses checks it
+    "warmup_epochs": integer(0, MAX_EPOCHS),
+    "lr_decay_step": integer(1, MAX_EPOCHS),
+    "lr_decay_gamma": number(0, 1, above=True),
+    "freeze_bn": optional(flag()),
+    "sync_bn": optional(flag()),
+    "grad_clip": number(0, 1e6),
+    "augment": choice("rrc_flip", "light", "none"),
+    "sampler": choice("shuffle", "m_per_class"),
+    "m_per_class": integer(1, MAX_BATCH_SIZE),
+    "eval_ks": Rule(
+        f"1 to 32 integers from 1 to {MAX_K:,}",
+        lambda v: (
+            isinstance(v, tuple) and 0 < len(v) <= 32 and all(integer(1, MAX_K).ok(k) for k in v)
+        ),
+    ),
+    "eval_every": integer(1, MAX_EPOCHS),
+    "val_classes": number(0, 0.9),
+    "selection": choice("val", "test", "last"),
+    "seed": integer(0, MAX_SEED),
+    "workers": integer(0, MAX_WORKERS),
+    "device": device(),
+    "amp": choice("none", "bf16", "fp16"),
+    "channels_last": flag(),
+    "compile": flag(),
+}
+
+
+INDEX_RULES: dict[str, Rule] = {
+    "factory": optional(text()),
+    "target_recall": number(0, 1),
+    "memory_budget_gb": number(0, 1e6, above=True),
+    "on_disk": choice("auto", "yes", "no"),
+}
+
+
+def problems(config: ModelConfig | TrainConfig | IndexConfig) -> list[tuple[str, str]]:
+    """(field, what is wrong) for each field of `config` that breaks its rule, then for settings
+    that do not go together."""
+    rules = {ModelConfig: MODEL_RULES, TrainConfig: TRAIN_RULES, IndexConfig: INDEX_RULES}
+    found = []
+    for name, rule in rules[type(config)].items():
+        value = getattr(config, name)
+        if not rule.ok(value):
+            found.append((name, f"must be {rule.wants} (got {_shown(value)})"))
+    if found:
+        return found
+    if isinstance(config, ModelConfig):
+        if config.resize_size is not None and config.resize_size < config.image_size:
+            found.append(("resize_size", f"must be at least the image size {config.image_size}"))
+        if config.embedding_dim and config.dimension not in (None, config.embedding_dim):
+            found.append(("dimension", f"must equal the embedding size {config.embedding_dim}"))
+    elif (
+        isinstance(config, TrainConfig)
+        and config.sampler == "m_per_class"
+        and config.batch_size % config.m_per_class
+    ):
+        found.append(
+            ("m_per_class", f"{config.m_per_class} must divide the batch size {config.batch_size}")
+        )
+    return found
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+def check(config: C, name: Callable[[str], str], error: type[PactlError] = PactlError) -> C:
+    """`config` when every field keeps its rule, else `error` naming the first bad field as
+    `name(field)` (an option, or a file and key)."""
+    found = problems(config)
+    if found:
+        field_name, wrong = found[0]
+        raise error(f"{name(field_name)} {wrong}")
+    return config
+
+
+def read_config(cls: type[C], data: Any, where: str) -> C:
+    """A config rebuilt from a file's dict and checked; `where` names the dict ("FILE:
+    model_config") in the one-line error."""
+    if not isinstance(data, dict):
+        raise PactlError(f"{where} should be a mapping of settings, not {type(data).__name__}")
+    return check(from_dict(cls, data), lambda name: f"{where}.{name}")

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pactl.backbones import Backbone, build_backbone
-from pactl.config import ModelConfig
+from pactl.backbones import Backbone, build_backbone, constructor_for
+from pactl.config import ModelConfig, check
 from pactl.errors import PactlError
+
+# A crop side that fails is looked up to this size for the smallest one that works.
+PROBE_UP_TO = 64
+VANISHES = "too small for the backbone: its feature map vanishes"
 
 
 class EmbeddingNet(nn.Module):
@@ -38,7 +43,7 @@ class EmbeddingNet(nn.Module):
 
 def build_model(config: ModelConfig, seed: int = 0) -> tuple[EmbeddingNet, ModelConfig]:
     """The network for `config`, and the config with the backbone's preprocessing filled in."""
-    check_model_config(config, trained=False)
+    check_model_config(config, trained=False, name=lambda field: f"model_config.{field}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         backbone = build_backbone(config.backbone, config.weights)
@@ -66,16 +71,53 @@ def fill_resize(config: ModelConfig, interpolation: str, crop_pct: float) -> Mod
     )
 
 
-def check_model_config(config: ModelConfig, trained: bool = True) -> None:
-    """Refuse impossible settings; `trained`: a head to learn (0 dims is for baselines only)."""
-    if config.embedding_dim < (1 if trained else 0):
-        raise PactlError(f"--dim must be positive (got {config.embedding_dim})")
-    resize = config.resize_size if config.resize_size is not None else config.image_size
-    if config.image_size <= 0 or resize < config.image_size:
-        raise PactlError(
-            f"--image-size must be positive and at most --resize-size "
-            f"(got {config.image_size} and {config.resize_size})"
-        )
+def check_model_config(
+    config: ModelConfig,
+    trained: bool = True,
+    name: Callable[[str], str] = lambda field: f"model_config.{field}",
+    error: type[PactlError] = PactlError,
+) -> None:
+    """Refuse impossible settings before any work: each field in its range (pactl.config), a
+    known backbone that takes crops of this size, and, when `trained`, a head to learn (0
+    dimensions is for baselines only). `name` says where a field came from (an option, or a
+    file and key) for the one-line `error`."""
+    check(config, name, error)
+    if trained and config.embedding_dim < 1:
+        raise error(f"{name('embedding_dim')} must be positive (got {config.embedding_dim})")
+    try:
+        constructor_for(config.backbone)
+    except KeyError as e:
+        raise error(f"{name('backbone')}: {e.args[0]}") from None
+    problem = input_problem(config)
+    if problem is not None:
+        raise error(f"{name('image_size')} {config.image_size}: {problem}")
+
+
+def input_problem(config: ModelConfig) -> str | None:
+    """Why the backbone cannot take crops of config.image_size px, or None when it can. Tried on
+    the bare architecture on the meta device: shapes only, no weights, no memory, no time."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        module = build_backbone(config.backbone, "none").module.eval()
+    problem = _fails(module, config.image_size)
+    if problem != VANISHES:
+        return problem  # None, or the backbone's own words on which sizes it takes
+    works = [s for s in range(config.image_size + 1, PROBE_UP_TO + 1) if not _fails(module, s)]
+    return problem + (f"; use at least {works[0]}" if works else "")
+
+
+def _fails(module: nn.Module, side: int) -> str | None:
+    try:
+        with torch.no_grad():
+            features = module(torch.zeros(1, 3, side, side, device="meta"))  # (1, C, h, w)
+    except PactlError as e:
+        return str(e)
+    except NotImplementedError:
+        return None  # an operation without shape rules on the meta device: cannot tell
+    except (RuntimeError, ValueError):
+        return VANISHES
+    except Exception as e:  # timm's fixed-size transformers assert their input size
+        return f"the backbone refuses it ({str(e)[:120]})"
+    return VANISHES if features.dim() != 4 or min(features.shape) == 0 else None
 
 
 def freeze_batchnorm(model: nn.Module) -> None:

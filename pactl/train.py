@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,16 +22,17 @@ from torch import nn
 
 from pactl import __version__
 from pactl import checkpoint as ckpt
-from pactl.config import ModelConfig, TrainConfig, to_dict
+from pactl.config import ModelConfig, TrainConfig, read_config, to_dict
 from pactl.console import Reporter
 from pactl.datasets import Manifest
 from pactl.distributed import World, barrier, gather_batch, init_world, share_sizes
 from pactl.embed import autocast, embed_files, loader_for, resolve_device
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_write_text
+from pactl.fsutil import atomic_write_text, make_folder
 from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
 
 RUN_FORMAT = "pactl.run"
+RUN_VERSION = 1
 
 
 @dataclass
@@ -57,7 +61,21 @@ class Trainer:
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """One run = one folder: a used folder is refused unless resuming or overwriting."""
+    """One run = one folder: a used folder is refused unless resuming or overwriting.
+
+    The run marker is config.json with `"format": "pactl.run"`: it is the first file a run
+    writes (fit(), before any other), so a folder pactl train made holds it or nothing at all.
+    --overwrite removes only a folder with the marker; anything else is someone's own folder.
+    Under torchrun every process checks, and only the first removes (the others write nothing
+    in the folder, and none writes before all have met in init_world).
+    """
+    if run_dir.is_symlink():
+        raise PactlError(
+            f"run folder {run_dir} is a symbolic link: pactl neither writes through nor removes "
+            "it; give another --name"
+        )
+    if run_dir.exists() and not run_dir.is_dir():
+        raise PactlError(f"run folder {run_dir} exists and is not a folder")
     if run_dir.exists() and any(run_dir.iterdir()):
         if resume:
             return
@@ -66,10 +84,36 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
                 f"run folder {run_dir} is not empty; pass --resume {run_dir} to continue it "
                 "or --overwrite to start again"
             )
-        shutil.rmtree(run_dir)
+        if not is_run_dir(run_dir):
+            raise PactlError(f"{run_dir} was not made by pactl train: not removing it")
+        if os.environ.get("RANK", "0") == "0":
+            try:
+                shutil.rmtree(run_dir)
+            except OSError as e:
+                raise PactlError(f"cannot remove the run folder {run_dir}: {e.strerror}") from None
     elif resume:
         raise PactlError(f"nothing to resume in {run_dir}")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(run_dir)
+
+
+def is_run_dir(run_dir: Path) -> bool:
+    """Whether `run_dir` carries the run marker (prepare_run_dir): a config.json of format
+    pactl.run."""
+    try:
+        info = json.loads((run_dir / "config.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and info.get("format") == RUN_FORMAT
+
+
+@contextmanager
+def writing_in(run_dir: Path) -> Iterator[None]:
+    """A run file that cannot be written (a read-only folder, an I/O error) is one line naming
+    the folder; a full disk already is one (pactl.fsutil), and the previous file is kept."""
+    try:
+        yield
+    except OSError as e:
+        raise PactlError(f"cannot write in the run folder {run_dir} ({e.strerror or e})") from None
 
 
 def param_groups(net: EmbeddingNet, criterion: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -357,14 +401,15 @@ def metric_columns(cfg: TrainConfig, with_val: bool) -> list[str]:
 
 
 def append_metrics(path: Path, columns: list[str], row: dict[str, Any]) -> None:
-    """One CSV row per epoch, header written once, flushed per row."""
-    new = not path.exists()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-        if new:
-            writer.writeheader()
-        writer.writerow({c: _fmt(row.get(c, "")) for c in columns})
-        f.flush()
+    """One CSV row per epoch, header written once; the file is replaced atomically with the new
+    row added, so a kill or a full disk leaves every earlier row as it was."""
+    before = path.read_text(encoding="utf-8") if path.exists() else ""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    if not before:
+        writer.writeheader()
+    writer.writerow({c: _fmt(row.get(c, "")) for c in columns})
+    atomic_write_text(path, before + buffer.getvalue())
 
 
 def _fmt(value: Any) -> Any:
@@ -375,10 +420,14 @@ def truncate_metrics(path: Path, epochs_done: int) -> None:
     """On resume, drop rows of epochs the checkpoint does not cover (a kill between the two)."""
     if not path.exists():
         return
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
         rows = list(csv.reader(f))
+    if not rows:
+        return
     width = len(rows[0])  # a row cut by a kill has fewer fields: dropped with the rest
-    kept = [rows[0]] + [r for r in rows[1:] if len(r) == width and int(r[0]) <= epochs_done]
+    kept = [rows[0]] + [
+        r for r in rows[1:] if len(r) == width and r[0].isdigit() and int(r[0]) <= epochs_done
+    ]
     atomic_write_text(path, "".join(",".join(r) + "\n" for r in kept))
 
 
@@ -386,8 +435,8 @@ def run_config(
     source: str, manifest: Manifest, model_cfg: ModelConfig, cfg: TrainConfig, classes: list[str]
 ) -> dict[str, Any]:
     return {
-        "format": RUN_FORMAT,
-        "version": 1,
+        "format": RUN_FORMAT,  # also the run marker (prepare_run_dir)
+        "version": RUN_VERSION,
         "pactl_version": __version__,
         "torch_version": str(torch.__version__),
         "dataset": source,
@@ -419,17 +468,48 @@ def save_state(
 
 
 def restore_state(t: Trainer, run_dir: Path) -> tuple[int, dict[str, Any]]:
-    payload = ckpt.load(run_dir / "checkpoint.pt")
-    if payload.get("kind") != "full":
-        raise PactlError(f"{run_dir}/checkpoint.pt is an export, not a training state")
-    t.net.load_state_dict(payload["model"])
-    t.criterion.load_state_dict(payload["proxies"])
-    t.optimizer.load_state_dict(payload["optimizer"])
-    t.scheduler.load_state_dict(payload["scheduler"])
-    t.scaler.load_state_dict(payload["scaler"])
-    torch.set_rng_state(payload["rng"]["torch"])
+    """The training state of run_dir/checkpoint.pt, loaded into `t`; a part that does not fit
+    this run's network, loss or optimiser is one line naming the file and the part."""
+    path = run_dir / "checkpoint.pt"
+    payload = ckpt.load(path)
+    if payload["kind"] != "full":
+        raise PactlError(f"{path} is an export, not a training state")
+    parts: dict[str, Any] = {
+        "model": t.net,
+        "proxies": t.criterion,
+        "optimizer": t.optimizer,
+        "scheduler": t.scheduler,
+        "scaler": t.scaler,
+    }
+    for key, owner in parts.items():
+        try:
+            owner.load_state_dict(payload[key])
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+            reason = " ".join(str(e).split())[:120]
+            raise PactlError(f"{path}: {key} does not fit this run ({reason})") from None
+    check_optimizer_state(t.optimizer, path)
+    try:
+        torch.set_rng_state(payload["rng"]["torch"])
+    except RuntimeError:
+        raise PactlError(f"{path}: rng is not a state of torch's generator") from None
     state = {"best": payload["best"], "last": payload["metrics"], "start": payload.get("start", {})}
     return int(payload["epoch"]), state
+
+
+def check_optimizer_state(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """What load_state_dict takes on trust: per-parameter moments of the parameter's shape, and
+    finite settings (a NaN learning rate would read as a diverging loss)."""
+    for group in optimizer.param_groups:
+        for key, value in group.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise PactlError(f"{path}: optimizer {key} is {value}")
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                raise PactlError(
+                    f"{path}: optimizer {key} has shape {tuple(value.shape)} for a parameter "
+                    f"of shape {tuple(param.shape)}"
+                )
 
 
 def fit(
@@ -469,7 +549,8 @@ def fit(
         reporter.log(f"resuming {run_dir} after epoch {start}")
     elif world.is_main:
         info = run_config(source, manifest, t.model_cfg, cfg, classes)
-        atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
+        with writing_in(run_dir):
+            atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
     if not resume:
         evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
     for epoch in range(start, cfg.epochs):
@@ -489,7 +570,8 @@ def fit(
     if world.is_main:
         from pactl.report import plot_curves
 
-        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+        with writing_in(run_dir):
+            plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
     best = state["best"]
     return TrainResult(
         run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection
@@ -657,22 +739,24 @@ def record_epoch(
     """metrics.csv row, best.pt when the selection metric improved, then checkpoint.pt (last:
     it commits; not for epoch 0, which resumes by starting again)."""
     epoch = row["epoch"]
-    append_metrics(run_dir / "metrics.csv", columns, row)
+    with writing_in(run_dir):
+        append_metrics(run_dir / "metrics.csv", columns, row)
     shown = ", ".join(f"{k} {row[k]:.4f}" for k in columns[1:] if isinstance(row.get(k), float))
     reporter.log(f"epoch {epoch}/{t.cfg.epochs}: {shown}")
     for warning in health_warnings(row, state["start"]):
         reporter.warn(f"epoch {epoch}: {warning}")
     key = {"val": "val_recall@1", "test": "recall@1"}.get(t.cfg.selection)
     score = row.get(key) if key else float(epoch)
-    if score is not None and score > state["best"].get("score", -1.0):
-        state["best"] = {"epoch": epoch, "metrics": state["last"], "score": float(score)}
-        weights = ckpt.clean_state_dict(t.model)
-        ckpt.save(
-            run_dir / "best.pt",
-            ckpt.export_payload(weights, t.model_cfg, classes, epoch, state["last"]),
-        )
-    if epoch > 0:
-        save_state(t, run_dir, epoch, classes, state)
+    with writing_in(run_dir):
+        if score is not None and score > state["best"].get("score", -1.0):
+            state["best"] = {"epoch": epoch, "metrics": state["last"], "score": float(score)}
+            weights = ckpt.clean_state_dict(t.model)
+            ckpt.save(
+                run_dir / "best.pt",
+                ckpt.export_payload(weights, t.model_cfg, classes, epoch, state["last"]),
+            )
+        if epoch > 0:
+            save_state(t, run_dir, epoch, classes, state)
 
 
 # A Recall@1 below this share of the epoch-0 value, or a mean pairwise cosine above this, is
@@ -714,15 +798,31 @@ def latest_run(runs: Path) -> Path:
 
 
 def resumed_configs(run_dir: Path) -> tuple[str, ModelConfig, TrainConfig]:
-    """The source, model and train configs a run was started with (from its config.json)."""
-    from pactl.config import from_dict
+    """The source, model and train configs a run was started with (from its config.json),
+    each entry checked before it is used: one line naming the file and the entry."""
+    from pactl.losses import LOSSES
+    from pactl.model import check_model_config
 
+    path = run_dir / "config.json"
     try:
-        info = json.loads((run_dir / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise PactlError(f"cannot read {run_dir}/config.json ({e})") from None
-    return (
-        info["dataset"],
-        from_dict(ModelConfig, info["model_config"]),
-        from_dict(TrainConfig, info["train_config"]),
-    )
+        info = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise PactlError(f"cannot read {path} ({e})") from None
+    if not isinstance(info, dict) or info.get("format") != RUN_FORMAT:
+        raise PactlError(f"{path} is not a pactl run's config (no 'format: {RUN_FORMAT}' entry)")
+    version, dataset = info.get("version"), info.get("dataset")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise PactlError(f"{path}: version must be a positive integer (got {version!r:.40})")
+    if version > RUN_VERSION:
+        raise PactlError(f"{path} was written by a newer pactl (version {version}); upgrade")
+    if not isinstance(dataset, str) or not dataset or "\0" in dataset:
+        raise PactlError(f"{path}: dataset must be a dataset name, folder or CSV")
+    model_cfg = read_config(ModelConfig, info.get("model_config"), f"{path}: model_config")
+    check_model_config(model_cfg, name=lambda field: f"{path}: model_config.{field}")
+    cfg = read_config(TrainConfig, info.get("train_config"), f"{path}: train_config")
+    if cfg.loss not in LOSSES:
+        raise PactlError(
+            f"{path}: train_config.loss must be one of {', '.join(sorted(LOSSES))} "
+            f"(got {cfg.loss!r:.40})"
+        )
+    return dataset, model_cfg, cfg

@@ -50,7 +50,7 @@ def test_every_verb_has_help_with_examples(
         (["embed", "IMGS", "--checkpoint", "OTHER.pt"], "not a pactl checkpoint", 1),
         (["query", "x.png", "--index", "NOBUNDLE"], "", 1),
         (["eval"], "no runs under", 1),
-        (["train", "IMGS", "--backbone", "small", "--dim", "0"], "--dim must be positive", 1),
+        (["train", "IMGS", "--backbone", "small", "--dim", "0"], "--dim must be positive", 2),
         (["train", "ONECLASS.csv", "--backbone", "small"], "needs at least 2 classes", 1),
         (["embed", "IMGS", "--checkpoint", "TRUNC.pt"], "truncated or not a torch file", 1),
         (["query", "x.png", "--index", "IMGS", "--k", "3"], "lacks meta.json", 1),
