@@ -18,7 +18,7 @@ from torch import nn
 
 from pactl import __version__, records
 from pactl.checkpoint import Network
-from pactl.config import ModelConfig, to_dict
+from pactl.config import ModelConfig, read_config, to_dict
 from pactl.console import Reporter
 from pactl.errors import PactlError, UsageError
 from pactl.fsutil import allocate, check_files, new_generation, read_current, record_files
@@ -493,7 +493,11 @@ def read_vectors_in(gen: Path, folder: Path) -> tuple[np.ndarray, dict[str, Any]
     dim = records.field(meta, "dimension", int, meta_path, 1, MAX_DIMENSION)
     count = records.field(meta, "count", int, meta_path, 0, MAX_COUNT)
     records.field(meta, "fingerprint", str, meta_path)
-    records.field(meta, "model_config", dict, meta_path)
+    read_config(
+        ModelConfig,
+        records.field(meta, "model_config", dict, meta_path),
+        f"{meta_path}: model_config",
+    )
     records.field(meta, "checkpoint", str, meta_path, optional=True)
     check_files(gen, meta, folder, fix)
     try:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pactl.config import IndexConfig, ModelConfig, from_dict
+from pactl.config import IndexConfig, ModelConfig, read_config
 from pactl.console import Reporter
 from pactl.errors import PactlError
 
@@ -92,20 +92,30 @@ def gather_vectors(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
 def read_parts(folder: Path) -> tuple[list[tuple[np.ndarray, Any]], dict[str, Any]]:
     """Per shard, in shard order, its memory-mapped vectors and ItemTable, and the set's meta
     (count summed); a folder without shards/ is one part. Nothing is joined or copied."""
-    from pactl.embed import read_embedded
+    from pactl.embed import Shard, read_embedded
 
     shards = sorted((folder / "shards").glob("*-of-*/meta.json"))
     if not shards:
         vectors, items, meta = read_embedded(folder)
         return [(vectors, items)], meta
-    read = [read_embedded(m.parent) for m in shards]
     counts = {m.parent.name.split("-of-")[1] for m in shards}
-    expected = int(counts.pop()) if len(counts) == 1 else -1
-    if expected != len(shards):
+    if len(counts) != 1:
         raise PactlError(
-            f"{folder}/shards holds {len(shards)} finished shards of {sorted(counts) or '?'}; "
-            "finish the missing ones with `pactl embed ... --shard i/n`"
+            f"{folder}/shards mixes shards of {len(counts)} different splits "
+            f"({', '.join(sorted(counts))}): remove the set that is not wanted"
         )
+    count = int(counts.pop())
+    found = {m.parent.name for m in shards}
+    missing = [i for i in range(count) if Shard(i, count).name not in found]
+    if missing:
+        shown = ", ".join(f"{i}/{count}" for i in missing[:8]) + (
+            " ..." if len(missing) > 8 else ""
+        )
+        raise PactlError(
+            f"{folder}/shards has {len(found)} of {count} shards; missing: {shown}. Finish them "
+            f"with `pactl embed ... --out {folder} --shard i/{count}`"
+        )
+    read = [read_embedded(m.parent) for m in shards]
     fingerprints = {meta["fingerprint"] for _, _, meta in read}
     if len(fingerprints) != 1:
         raise PactlError(f"the shards in {folder}/shards were embedded with different models")
@@ -159,12 +169,38 @@ def index_vectors(
             )
         bundle_meta = {
             **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
+            "checkpoint_relative": _relative(meta.get("checkpoint"), out),
             "model_config": meta["model_config"],
             "vectors": str(vectors_dir.resolve()),
             **tuning,
         }
         write_bundle(gen, index, items, bundle_meta)
     return out, bundle_meta
+
+
+def _relative(checkpoint: str | None, bundle_dir: Path) -> str | None:
+    """The checkpoint's path from the bundle folder: a run folder moved with its bundle inside
+    (runs/<run>/index) still finds its best.pt."""
+    if not checkpoint:
+        return None
+    return os.path.relpath(os.path.abspath(checkpoint), os.path.abspath(bundle_dir))
+
+
+def bundle_checkpoint(meta: dict[str, Any], bundle_dir: Path) -> Path | None:
+    """The checkpoint that made a bundle: where it was recorded, else where it lies relative to
+    the bundle (the two moved together); None for a backbone's bundle."""
+    recorded = meta.get("checkpoint")
+    if not recorded:
+        return None
+    relative = meta.get("checkpoint_relative")
+    for candidate in (Path(recorded), bundle_dir / relative if relative else None):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    raise PactlError(
+        f"the checkpoint that made {bundle_dir} is not at {recorded} any more"
+        + (f" nor at {bundle_dir / relative}" if relative else "")
+        + ": pass the same checkpoint with --checkpoint PATH"
+    )
 
 
 def check_apart(vectors_dir: Path, out: Path) -> None:
@@ -223,9 +259,9 @@ def _add_locked(
     scratch = bundle_dir / ".add"
     first = bundle.items.max_id() + 1
     ids = np.arange(first, first + len(new), dtype=np.int64)
-    recorded = bundle.meta.get("checkpoint")
-    model_from: ModelSource = (
-        Path(recorded) if recorded else from_dict(ModelConfig, bundle.meta["model_config"])
+    recorded = bundle_checkpoint(bundle.meta, bundle_dir)
+    model_from: ModelSource = recorded or read_config(
+        ModelConfig, bundle.meta.get("model_config"), f"{bundle_dir / 'meta.json'}: model_config"
     )
     del bundle  # release the index file before it is rewritten
     try:
@@ -368,7 +404,9 @@ def open_query_model(
     from pactl.index import load_bundle
 
     bundle = load_bundle(bundle_dir)
-    model, network = network_of(bundle.meta, checkpoint)
+    model, network = network_of(
+        bundle.meta, checkpoint or bundle_checkpoint(bundle.meta, bundle_dir)
+    )
     device = resolve_device(device_name)
     model.to(device)
     return bundle, model, network.config, device

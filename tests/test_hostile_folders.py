@@ -241,3 +241,55 @@ def test_a_filesystem_without_links_is_one_line(
     args = ["index", str(vec), "--out", str(tmp_path / "b"), "--quiet"]
     refused(args, monkeypatch, capsys, "symbolic links")
     assert not (tmp_path / "b").exists()  # the first write failed: no folder left
+
+
+def test_a_run_moved_with_its_bundle_still_answers(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    import shutil
+
+    from conftest import train_tiny
+
+    run = train_tiny(tmp_path, monkeypatch, capsys)
+    ok(
+        [
+            "index",
+            str(tmp_path / "imgs"),
+            "--checkpoint",
+            str(run / "best.pt"),
+            "--out",
+            str(run / "index"),
+        ],
+        monkeypatch,
+        capsys,
+    )
+    query = ["query", str(tmp_path / "imgs" / "class_0" / "0.png"), "--k", "1", "--format", "csv"]
+    moved = tmp_path / "elsewhere" / "t"
+    moved.parent.mkdir()
+    shutil.move(run, moved)  # runs/<run>/index moved together with its best.pt
+    assert "class_0" in ok([*query, "--index", str(moved / "index")], monkeypatch, capsys)
+    ok(
+        ["index", str(tmp_path / "imgs" / "class_1"), "--add", str(moved / "index")],
+        monkeypatch,
+        capsys,
+    )
+    alone = tmp_path / "alone"
+    shutil.move(moved / "index", alone)  # the bundle without its run
+    refused([*query, "--index", str(alone)], monkeypatch, capsys, "--checkpoint PATH")
+    with_checkpoint = [*query, "--index", str(alone), "--checkpoint", str(moved / "best.pt")]
+    assert "class_0" in ok(with_checkpoint, monkeypatch, capsys)
+
+
+def test_missing_shards_are_named(vec: Path, tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    for shard in ("0/4", "2/4"):
+        args = [
+            "embed",
+            str(tmp_path / "imgs"),
+            *MODEL,
+            "--out",
+            str(tmp_path / "s"),
+            "--shard",
+            shard,
+        ]
+        ok(args, monkeypatch, capsys)
+    refused(["index", str(tmp_path / "s")], monkeypatch, capsys, "missing: 1/4, 3/4")

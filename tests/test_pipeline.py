@@ -290,7 +290,7 @@ def test_shards_merge_to_the_same_index_and_add_appends(
 
     shutil.rmtree(tmp_path / "parts" / "shards" / "00001-of-00003")
     code, _, err = run_cli(["index", "parts", "--out", "b3", "--quiet"], monkeypatch, capsys)
-    assert code == 1 and "finished shards" in err
+    assert code == 1 and "has 2 of 3 shards; missing: 1/3" in err
 
     make_class_folder(tmp_path / "more", classes=1, per_class=3, seed=1)
     more = sorted((tmp_path / "more").rglob("*.png"))
