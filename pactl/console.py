@@ -1,10 +1,16 @@
-"""Consoles and progress bars: results go to stdout, everything else to stderr."""
+"""Consoles and progress: results go to stdout, everything else to stderr.
+
+On a terminal, progress is a live bar. Where stderr is not a terminal (a log file, `docker
+logs`, CI) a bar would be invisible or garble the log, so long work writes a plain line every
+PROGRESS_EVERY seconds instead, and work shorter than that writes none.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from time import monotonic
+from typing import Literal, Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -17,6 +23,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.text import Text
+
+# Seconds between plain progress lines when stderr is not a terminal; the first comes after as
+# long, so a short job stays silent.
+PROGRESS_EVERY = 10.0
 
 # Created once per process by the CLI; library code receives them as arguments.
 # No file= argument: rich then writes to whatever sys.stdout / sys.stderr is at print time.
@@ -75,12 +85,16 @@ class Advance(Protocol):
 
 
 class Reporter:
-    """Progress bars and log lines on stderr; silent when quiet or when stderr is not a TTY."""
+    """Progress and log lines on stderr: bars on a terminal, a plain line every `every` seconds
+    elsewhere; no progress at all when quiet."""
 
-    def __init__(self, console: Console | None = None, quiet: bool = False) -> None:
+    def __init__(
+        self, console: Console | None = None, quiet: bool = False, every: float = PROGRESS_EVERY
+    ) -> None:
         self.console = console if console is not None else err
         self.quiet = quiet
         self.show_bars = not quiet and self.console.is_terminal
+        self.every = every  # seconds between plain progress lines
 
     def log(self, message: str) -> None:
         if not self.quiet:
@@ -94,7 +108,7 @@ class Reporter:
     def bar(self, description: str, total: int | None) -> Iterator[Advance]:
         """A progress bar over `total` units; yields the callback that advances it."""
         if not self.show_bars:
-            yield _no_advance
+            yield self.progress_lines(description, total)
             return
         progress = Progress(
             TextColumn("{task.description}", style="bold", markup=False),  # names: not markup
@@ -113,6 +127,80 @@ class Reporter:
                 progress.advance(task, n)
 
             yield advance
+
+    def progress_lines(
+        self,
+        description: str,
+        total: int | None,
+        completed: int = 0,
+        unit: Literal["items", "bytes"] = "items",
+    ) -> Advance:
+        """The callback for progress without a bar: a plain line at most every `every` seconds
+        where stderr is not a terminal, nothing when quiet or on a terminal (a bar shows it)."""
+        if self.quiet or self.console.is_terminal:
+            return _no_advance
+        return _ProgressLines(self, description, total, completed, unit).advance
+
+
+class _ProgressLines:
+    """`embedding: 1,234/10,000 (12%), 35 s elapsed, about 4 min left`, now and then."""
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        description: str,
+        total: int | None,
+        completed: int,
+        unit: Literal["items", "bytes"],
+    ) -> None:
+        self.reporter = reporter
+        self.description = description
+        self.total = total
+        self.done = self.first = completed  # a resumed download's rate counts from here
+        self.amount = _bytes if unit == "bytes" else _items
+        self.start = monotonic()
+        self.due = self.start + reporter.every
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = monotonic()
+        if now >= self.due:
+            self.due = now + self.reporter.every
+            self.reporter.log(self.line(now - self.start))
+
+    def line(self, elapsed: float) -> str:
+        done = self.amount(self.done)
+        if not self.total:
+            return f"{self.description}: {done}, {_duration(elapsed)} elapsed"
+        share = min(100, 100 * self.done // self.total)
+        text = f"{self.description}: {done}/{self.amount(self.total)} ({share}%), "
+        text += f"{_duration(elapsed)} elapsed"
+        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
+        if rate > 0 and self.done < self.total:
+            text += f", about {_duration((self.total - self.done) / rate)} left"
+        return text
+
+
+def _items(n: int) -> str:
+    return f"{n:,}"
+
+
+def _bytes(n: int) -> str:
+    """Decimal units, as the terminal's download bar shows them."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _duration(seconds: float) -> str:
+    """`35 s`, `4 min`, `2 h 5 min`: as precise as a glance at a log needs."""
+    if seconds < 59.5:
+        return f"{round(seconds)} s"
+    minutes = round(seconds / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def _no_advance(n: int = 1) -> None:

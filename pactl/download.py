@@ -5,9 +5,12 @@ request, tries each mirror in turn, verifies size and checksum, and only then re
 into place. `extract` unpacks the files and folders of a tar or zip archive member by member,
 skipping links and refusing anything that would land outside the target folder, and writes a
 marker only after the last member, so an extraction cut halfway is redone on the next run. A
-local write that fails (a full disk) is one DiskError naming the file, never retried. `gather`
+local write that fails (a full disk) is one DiskError naming the file, never retried. A host
+that cannot be reached at all on the first request (its name does not resolve, the connection
+is refused, no route to it) is not retried either: offline, retries would only wait. `gather`
 puts a dataset's published files into a folder from the network, from archives the user
-fetched, or from a folder they extracted.
+fetched, or from a folder they extracted; when no address delivers a file, its one-line error
+says where to put the file by hand.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import http.client
 import lzma
 import os
 import shutil
+import socket
 import stat
 import tarfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
@@ -32,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from pactl import __version__
-from pactl.console import Advance, Reporter
+from pactl.console import Advance, Reporter, visible
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_path, atomic_write_text
 
@@ -89,12 +94,44 @@ class DiskError(PactlError):
     """A local file could not be written (full disk, read-only folder): no retry will help."""
 
 
+class FetchFailed(PactlError):
+    """No address delivered the file; `failures` holds (url, reason) for each address tried."""
+
+    def __init__(self, name: str, failures: Sequence[tuple[str, str]]) -> None:
+        self.name = name
+        self.failures = tuple(failures)
+        super().__init__(f"could not download {name} ({failure_summary(self.failures)})")
+
+    @property
+    def offline(self) -> bool:
+        """True when no host name resolved and no route led anywhere: no network, or no name
+        service. (A refused connection means the network works and nothing listens there.)"""
+        return all(reason in _OFFLINE for _, reason in self.failures)
+
+
 class _TransferError(Exception):
     """A download attempt failed in a way a retry (or the next mirror) may fix."""
 
 
 class _WrongAddress(_TransferError):
     """This address will not deliver the file (gone, forbidden, or another file): skip it."""
+
+
+class _Unreachable(_WrongAddress):
+    """The host did not answer the first request at all: skip it and its other addresses."""
+
+
+# Why a host cannot be reached: a name the resolver does not know (socket.gaierror), or the
+# errno of a connection that could not be made.
+_NO_NAME = "name not resolved"
+_NO_CONNECTION = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.ENETUNREACH: "network unreachable",
+    errno.EHOSTUNREACH: "no route to host",
+}
+_OFFLINE = frozenset(
+    {_NO_NAME, _NO_CONNECTION[errno.ENETUNREACH], _NO_CONNECTION[errno.EHOSTUNREACH]}
+)
 
 
 def mirror_urls(archive: Archive) -> list[str]:
@@ -126,26 +163,48 @@ def fetch(
     # Bytes from one mirror may only be continued from another when a checksum will vouch
     # for the spliced result.
     splice_ok = sha256 is not None or md5 is not None
-    failures = []
+    failures: list[tuple[str, str]] = []
+    unreachable: set[str] = set()  # hosts: their other addresses fail the same way at once
     for url in urls:
+        if host(url) in unreachable:
+            continue
         try:
             digests = _from_address(url, part, reporter, size, sha256, md5, options)
         except ChecksumError as e:
             part.unlink(missing_ok=True)
-            failures.append(f"{url}: {e}")
+            failures.append((url, str(e)))
             continue
         except DiskError:
             part.unlink(missing_ok=True)  # gives the space back; nothing is left behind
             raise
         except _TransferError as e:
+            if isinstance(e, _Unreachable):
+                unreachable.add(host(url))
             if not splice_ok:
                 part.unlink(missing_ok=True)
-            failures.append(f"{url}: {e}")
+            failures.append((url, str(e)))
             continue
         os.replace(part, dest)
         reporter.log(f"{dest.name}: {digests.size:,} bytes verified, from {url}")
         return digests
-    raise PactlError(f"could not download {dest.name}: " + "; ".join(failures))
+    raise FetchFailed(dest.name, failures)
+
+
+def host(url: str) -> str:
+    """`host[:port]` of a URL, for messages: no scheme, path, query or credentials."""
+    parts = urllib.parse.urlsplit(url)
+    name = parts.hostname or url
+    return f"{name}:{parts.port}" if parts.port else name
+
+
+def failure_summary(failures: Sequence[tuple[str, str]]) -> str:
+    """`host, host: reason; host: reason`: one clause per reason, hosts in the order tried."""
+    by_reason: dict[str, list[str]] = {}
+    for url, reason in failures:
+        hosts = by_reason.setdefault(reason, [])
+        if host(url) not in hosts:
+            hosts.append(host(url))
+    return "; ".join(f"{', '.join(hosts)}: {reason}" for reason, hosts in by_reason.items())
 
 
 def _from_address(
@@ -174,7 +233,11 @@ def _from_address(
 def _download(
     url: str, part: Path, reporter: Reporter, size: int | None, options: FetchOptions
 ) -> None:
-    """Bring `part` up to the full file from `url`, resuming after each cut connection."""
+    """Bring `part` up to the full file from `url`, resuming after each cut connection.
+
+    A host that does not answer the first request at all is given up at once; one that fails
+    later (a reset, a timeout, a name that stops resolving mid-transfer) is retried.
+    """
     last: Exception | None = None
     attempts = options.attempts
     for attempt in range(1, attempts + 1):
@@ -188,11 +251,33 @@ def _download(
         except _WrongAddress:
             raise
         except (OSError, http.client.HTTPException, _TransferError) as e:
+            why = _unreachable(e)
+            if why is not None and attempt == 1:
+                raise _Unreachable(why) from None
             last = e
         if attempt < attempts:
-            reporter.log(f"{part.name[:-5]}: {last}; retrying ({attempt}/{attempts - 1})")
+            reporter.log(f"{part.name[:-5]}: {_why(last)}; retrying ({attempt}/{attempts - 1})")
             time.sleep(options.retry_wait * attempt)
-    raise _TransferError(f"gave up after {attempts} tries ({last})")
+    raise _TransferError(f"gave up after {attempts} tries ({_why(last)})")
+
+
+def _unreachable(error: BaseException) -> str | None:
+    """Why the host cannot be reached at all, or None for a failure another try may fix."""
+    reason = error.reason if isinstance(error, urllib.error.URLError) else error
+    if isinstance(reason, socket.gaierror):
+        return _NO_NAME
+    if isinstance(reason, OSError) and reason.errno is not None:
+        return _NO_CONNECTION.get(reason.errno)
+    return None
+
+
+def _why(error: BaseException | None) -> str:
+    """A failure as a short phrase: urllib's `<urlopen error [Errno 104] ...>` unwrapped."""
+    if error is None:
+        return "no reason given"
+    if isinstance(error, urllib.error.URLError) and not isinstance(error, urllib.error.HTTPError):
+        return _unreachable(error) or str(error.reason)
+    return str(error)
 
 
 def _stream(url: str, part: Path, reporter: Reporter, size: int | None, timeout: float) -> None:
@@ -245,9 +330,10 @@ def _resume_offset(response: http.client.HTTPResponse, have: int) -> int:
 def _byte_bar(
     reporter: Reporter, description: str, total: int | None, completed: int
 ) -> Iterator[Advance]:
-    """A transfer bar (bytes, speed, time left) on the reporter's console."""
+    """A transfer bar (bytes, speed, time left) on the reporter's console; where stderr is not
+    a terminal, a plain progress line now and then instead."""
     if not reporter.show_bars:
-        yield lambda n=1: None
+        yield reporter.progress_lines(description, total, completed, unit="bytes")
         return
     from rich.progress import (
         BarColumn,
@@ -259,7 +345,7 @@ def _byte_bar(
     )
 
     progress = Progress(
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", style="bold", markup=False),  # names: not markup
         BarColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
@@ -268,7 +354,7 @@ def _byte_bar(
         transient=True,
     )
     with progress:
-        task = progress.add_task(description, total=total, completed=completed)
+        task = progress.add_task(visible(description), total=total, completed=completed)
 
         def advance(n: int = 1) -> None:
             progress.advance(task, n)
@@ -568,10 +654,16 @@ def gather(
         dest = cache / archive.name
         known = f" ({archive.size:,} bytes)" if archive.size else ""
         reporter.log(f"downloading {archive.name}{known}")
-        found = fetch(
-            urls, dest, reporter, size=archive.size, sha256=archive.sha256, md5=archive.md5,
-            options=options,
-        )  # fmt: skip
+        try:
+            found = fetch(
+                urls, dest, reporter, size=archive.size, sha256=archive.sha256, md5=archive.md5,
+                options=options,
+            )  # fmt: skip
+        except FetchFailed as e:
+            # Every file still to come, so that one trip to another machine fetches them all.
+            have = {p.name for p in done} | set(local) | _files_in(cache)
+            wanted = [a.name for a in archives if a.name not in have]
+            raise PactlError(_by_hand_hint(dataset, e, cache, wanted)) from None
         done.append(_place(dest, work, reporter, verified=found, downloaded=True))
     return done
 
@@ -584,6 +676,26 @@ def _verify_local(path: Path, archive: Archive, reporter: Reporter) -> Digests:
             f"{e}; if it is another packaging of the same images, pass the folder you "
             "extracted it to instead"
         ) from None
+
+
+def _files_in(folder: Path) -> set[str]:
+    with contextlib.suppress(OSError):
+        return {p.name for p in folder.iterdir() if p.is_file()}
+    return set()
+
+
+def _by_hand_hint(dataset: str, failed: FetchFailed, cache: Path, wanted: Sequence[str]) -> str:
+    """One line: what failed, where pactl looks for the files, and the mirror variable."""
+    offline = " (offline?)" if failed.offline else ""
+    if len(wanted) == 1:
+        place = f"put the file at {cache / wanted[0]}"
+    else:
+        place = f"put {', '.join(wanted[:-1])} and {wanted[-1]} in {cache}"
+    return (
+        f"cannot download {failed.name} for {dataset}{offline}: "
+        f"{failure_summary(failed.failures)}; {place}, or run "
+        f"`pactl download {dataset} --from FOLDER`, or set {MIRROR_ENV} to a mirror URL"
+    )
 
 
 def _manual_hint(dataset: str, archive: Archive, source: Path | None) -> str:

@@ -70,7 +70,8 @@ def test_csv_with_and_without_split(tmp_path: Path) -> None:
         ("file,label\na.png,1\n", r"lacks the column\(s\) path"),
         ("path,label,split\na.png,1,validation\n", "unknown split"),
         ("path,label\n../outside.png,1\n", "leaves the manifest's folder"),
-        ("path,label\n/etc/passwd,1\n", "leaves the manifest's folder"),
+        ("path,label\nimgs/../../outside.png,1\n", "leaves the manifest's folder"),
+        ("path,label\nC:\\data\\a.png,1\n", "leaves the manifest's folder"),
         ("path,label\n", "no rows"),
         ("path,label\na.png,\n", "empty label"),
     ],
@@ -183,6 +184,43 @@ def test_manifest_row_through_a_link_leading_outside_is_refused(tmp_path: Path) 
         assert len(read_manifest(csv_path, follow_links=True)) == 5
     (imgs / "ok.csv").write_text("path,label\n" + "\n".join([*rows, "in.png,1"]) + "\n")
     assert len(read_manifest(imgs / "ok.csv")) == 5  # a link that stays inside is kept
+
+
+def test_absolute_paths_are_read_wherever_they_point(tmp_path: Path) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=1)
+    outside = _outside(tmp_path)
+    (imgs / "out.png").symlink_to(outside / "class_0" / "0.png")
+    rows = [
+        f"{imgs / 'class_0' / '0.png'},0",  # inside the CSV's folder
+        f"{outside / 'class_1' / '0.png'},1",  # outside it
+        f"{imgs / 'out.png'},2",  # a link leading outside: the absolute path is the choice
+        "class_3/0.png,3",  # relative rows mix with absolute ones
+    ]
+    (imgs / "abs.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    for follow in (False, True):
+        manifest = read_manifest(imgs / "abs.csv", follow_links=follow)
+        assert manifest.files() == [
+            imgs / "class_0" / "0.png",
+            outside / "class_1" / "0.png",
+            imgs / "out.png",
+            imgs / "class_3" / "0.png",
+        ]
+        assert all(f.is_file() for f in manifest.files())
+    assert len(load_source(str(imgs / "abs.csv"), QUIET)) == 4
+
+
+def test_relative_rows_still_may_not_leave_the_csv_folder(tmp_path: Path) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=1)
+    outside = _outside(tmp_path)
+    (imgs / "out.png").symlink_to(outside / "class_0" / "0.png")
+    rows = [f"{outside / 'class_1' / '0.png'},0", "class_1/0.png,1", "class_2/0.png,2"]
+    for bad, message in [("../elsewhere/class_0/0.png", "leaves the manifest's folder"),
+                         ("out.png", "is a link leading outside")]:  # fmt: skip
+        # An absolute row before it does not open the door for relative ones.
+        (imgs / "bad.csv").write_text("path,label\n" + "\n".join([*rows, f"{bad},3"]) + "\n")
+        with pytest.raises(PactlError, match=f"line 5: path .*{message}"):
+            read_manifest(imgs / "bad.csv")
+    assert len(read_manifest(imgs / "bad.csv", follow_links=True)) == 4
 
 
 def test_csv_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:

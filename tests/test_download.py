@@ -9,6 +9,7 @@ import socket
 import stat
 import tarfile
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,9 +26,11 @@ from pactl.download import (
     Archive,
     ChecksumError,
     DiskError,
+    FetchFailed,
     FetchOptions,
     UnsafeArchive,
     extract,
+    failure_summary,
     fetch,
     mirror_urls,
     verify,
@@ -197,7 +200,7 @@ def test_mirror_list_falls_through_to_a_working_address(server, tmp_path, monkey
     dest = tmp_path / "a.bin"
     fetch(urls, dest, QUIET, size=len(data), sha256=_sha(data), options=FAST)
     assert dest.read_bytes() == data
-    # A 404 is not retried; the refused connection is, then the third address serves.
+    # Neither the 404 nor the refused connection is retried; the third address serves.
     assert [p for p, _ in plan.ranges] == ["missing/a.bin", "good/a.bin"]
 
 
@@ -256,6 +259,100 @@ def test_full_disk_while_downloading_is_one_error_and_leaves_nothing(server, ful
     assert len(plan.ranges) == 1  # neither retried nor tried at the next mirror
 
 
+# ---- hosts that cannot be reached -------------------------------------------------------------
+
+
+@dataclass
+class Resolver:
+    """Host name lookups: only 127.0.0.1 resolves, as on a machine without a network, so no
+    lookup leaves this one. A name with a script resolves to 127.0.0.1 (True) or fails (False)
+    at each lookup in turn, and fails once the script is used up."""
+
+    scripts: dict[str, list[bool]] = field(default_factory=dict)
+    asked: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def no_dns(monkeypatch: pytest.MonkeyPatch) -> Resolver:
+    resolver = Resolver()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, *args: object, **kwargs: object) -> object:
+        resolver.asked.append(host)
+        script = resolver.scripts.get(host, [])
+        if host == "127.0.0.1" or (script and script.pop(0)):
+            return real("127.0.0.1", *args, **kwargs)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return resolver
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # bound, never listening, closed: connections are refused
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+SLOW_RETRIES = FetchOptions(attempts=4, retry_wait=5.0, timeout=5.0)  # any retry costs 5 s
+
+
+def test_unreachable_hosts_are_not_retried(no_dns, tmp_path):
+    port = _closed_port()
+    urls = [
+        "http://pactl-test.invalid/x.tgz",
+        "http://pactl-test.invalid/other/x.tgz",  # the same host: not asked again
+        f"http://127.0.0.1:{port}/x.tgz",
+    ]
+    reporter, log = _recording(quiet=False)
+    start = time.monotonic()
+    with pytest.raises(FetchFailed) as caught:
+        fetch(urls, tmp_path / "x.tgz", reporter, size=10, options=SLOW_RETRIES)
+    assert time.monotonic() - start < 10  # a guard, not a benchmark: one retry alone waits 5 s
+    assert "retrying" not in log.getvalue()
+    assert no_dns.asked == ["pactl-test.invalid", "127.0.0.1"]
+    assert not caught.value.offline  # something listens on 127.0.0.1: the network works
+    assert str(caught.value) == (
+        "could not download x.tgz (pactl-test.invalid: name not resolved; "
+        f"127.0.0.1:{port}: connection refused)"
+    )
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_name_that_stops_resolving_mid_transfer_is_retried(server, no_dns, tmp_path):
+    url, plan = server
+    data = _payload(200_000, seed=12)
+    plan.files["a.bin"] = data
+    plan.cuts["a.bin"] = [70_000]
+    no_dns.scripts["mirror.test"] = [True, False, True]  # a blip after the first request
+    port = url.rsplit(":", 1)[1]
+    reporter, log = _recording(quiet=False)
+    dest = tmp_path / "a.bin"
+    fetch([f"http://mirror.test:{port}/a.bin"], dest, reporter, size=len(data),
+          sha256=_sha(data), options=FAST)  # fmt: skip
+    assert dest.read_bytes() == data
+    assert log.getvalue().splitlines()[:2] == [
+        "a.bin: connection closed at byte 70,000 of 200,000; retrying (1/7)",
+        "a.bin: name not resolved; retrying (2/7)",
+    ]
+    assert [r for _, r in plan.ranges] == [None, "bytes=70000-"]
+
+
+def test_failures_are_summed_up_by_host_and_reason():
+    failures = [
+        ("https://a.example/x?token=secret", "name not resolved"),
+        ("https://user:pw@b.example:8443/x", "name not resolved"),
+        ("https://c.example/x", "HTTP 404 Not Found"),
+        ("https://a.example/y", "name not resolved"),
+    ]
+    assert failure_summary(failures) == (
+        "a.example, b.example:8443: name not resolved; c.example: HTTP 404 Not Found"
+    )
+    assert not FetchFailed("x", failures).offline
+    assert FetchFailed("x", failures[:2]).offline
+    assert not FetchFailed("x", [("http://127.0.0.1:9/x", "connection refused")]).offline
+
+
 # ---- extraction -------------------------------------------------------------------------------
 
 
@@ -295,12 +392,12 @@ def box(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _recording() -> tuple[Reporter, io.StringIO]:
-    """A quiet reporter whose warnings land in a buffer."""
+def _recording(quiet: bool = True) -> tuple[Reporter, io.StringIO]:
+    """A reporter whose warnings (and log lines, unless quiet) land in a buffer."""
     from rich.console import Console
 
     buffer = io.StringIO()
-    return Reporter(Console(file=buffer, width=200), quiet=True), buffer
+    return Reporter(Console(file=buffer, width=200), quiet=quiet), buffer
 
 
 def _links_below(folder: Path) -> list[Path]:

@@ -1,9 +1,13 @@
-"""manifest.csv: `path,label,split[,class_name]`, paths relative to the manifest's folder.
+"""manifest.csv: `path,label,split[,class_name]`, paths relative to the manifest's folder
+or absolute.
 
 Folders and manifests come from strangers: a link that leads outside the given folder is
 skipped (a folder listing) or refused (a manifest row) unless the caller passes
 `follow_links=True`, and a listing takes regular files only, so a FIFO named like an image
-cannot stall a run.
+cannot stall a run. A relative row may not leave the manifest's folder, by `..` or by a link.
+An absolute row (`/data/birds/1.jpg`) is the author's explicit choice and is read wherever it
+points, links included, with or without `follow_links`: the rule guards against a relative
+path or a link that quietly leads elsewhere, and an absolute path says where it leads.
 """
 
 from __future__ import annotations
@@ -82,9 +86,10 @@ def write_manifest(path: Path, rows: Iterable[tuple[str, int, str, str]]) -> Non
 def read_manifest(path: Path, *, follow_links: bool = False) -> Manifest:
     """Read a manifest or a user CSV of `path,label[,split][,class_name]`.
 
-    A row whose path leaves the CSV's folder (`..`, absolute, or through a link leading
-    outside) is refused; `follow_links` lets links lead anywhere. A manifest kept in pactl's
-    home is pactl's own, links included: a dataset prepared with `--from FOLDER` links it in.
+    A relative row whose path leaves the CSV's folder (`..`, or through a link leading
+    outside) is refused; `follow_links` lets links lead anywhere. An absolute row is read as
+    written, wherever it points. A manifest kept in pactl's home is pactl's own, links
+    included: a dataset prepared with `--from FOLDER` links it in.
     """
     text = _read_utf8(path)
     try:
@@ -130,11 +135,11 @@ def _build(root: Path, records: list[dict[str, str]], source: str, check_links: 
     paths, raw_labels, splits = [], [], []
     links = _LinkCheck(root, source) if check_links else None
     for line, r in enumerate(records, start=2):
-        rel = _safe_relative(r["path"], source, line)
+        rel = _row_path(r["path"], source, line)
         if rel in seen:
             continue  # duplicate rows would count an image twice in every metric
         seen.add(rel)
-        if links is not None:
+        if links is not None and not PurePosixPath(rel).is_absolute():
             links.check(rel, line)
         if not r["label"]:
             raise PactlError(f"{source} line {line}: empty label")
@@ -157,15 +162,18 @@ def _build(root: Path, records: list[dict[str, str]], source: str, check_links: 
     )
 
 
-def _safe_relative(value: str, source: str, line: int) -> str:
-    """A path inside the manifest folder, in POSIX form; refuse absolute paths and `..`."""
+def _row_path(value: str, source: str, line: int) -> str:
+    """A row's path in POSIX form: absolute as written, or relative and inside the manifest's
+    folder (`..` and drive letters refused)."""
     if not value:
         raise PactlError(f"{source} line {line}: empty path")
     posix = PurePosixPath(value.replace("\\", "/"))
-    if posix.is_absolute() or ".." in posix.parts or (posix.parts and ":" in posix.parts[0]):
+    if posix.is_absolute():
+        return str(posix)
+    if ".." in posix.parts or (posix.parts and ":" in posix.parts[0]):
         raise PactlError(
             f"{source} line {line}: path {value!r} leaves the manifest's folder; "
-            "paths must be relative to the CSV's folder"
+            "paths must be relative to the CSV's folder (no `..`) or absolute"
         )
     return str(posix)
 
