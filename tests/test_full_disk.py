@@ -78,3 +78,26 @@ def test_embed_index_and_add_on_a_full_disk(
     code, _, err = run_cli(["index", str(imgs / "more"), "--add", str(bundle)], monkeypatch, capsys)
     assert code == 0, err
     assert len(load_bundle(bundle).items) == 92
+
+
+def test_grid_and_report_on_a_full_disk(
+    full_disk: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=4, size=16)
+    code, _, err = run_cli(
+        ["index", str(imgs), *MODEL, "--out", str(tmp_path / "b")], monkeypatch, capsys
+    )
+    assert code == 0, err
+    (full_disk / "grid.png").write_bytes(b"the previous grid")
+    fill(full_disk)
+    before = snapshot(full_disk)
+    query = ["query", str(imgs / "class_0" / "0.png"), "--index", str(tmp_path / "b"), "--quiet"]
+    code, _, err = run_cli([*query, "--grid", str(full_disk / "grid.png")], monkeypatch, capsys)
+    one_line_no_space(code, err)
+    evaluate = ["eval", str(imgs), *MODEL, "--quiet", "--report", str(full_disk / "eval.csv")]
+    code, _, err = run_cli(evaluate, monkeypatch, capsys)
+    one_line_no_space(code, err)
+    assert snapshot(full_disk) == before
