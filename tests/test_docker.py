@@ -1,0 +1,57 @@
+"""The Dockerfile, checked without a Docker engine: hadolint's rules, and the layout the docs
+promise (dependencies before code, a non-root user, the package installed as the Makefile does)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stages() -> dict[str, list[str]]:
+    """Instructions per build stage, continuation lines joined."""
+    text = re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text())
+    out: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r"FROM \S+ AS (\w+)", line)
+        if match:
+            current = match.group(1)
+            out[current] = []
+        out[current].append(line)
+    return out
+
+
+def test_hadolint_finds_nothing() -> None:
+    binary = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(binary).exists():
+        pytest.skip("hadolint is not installed (it comes with the test extra)")
+    done = subprocess.run(
+        [binary, "--config", str(ROOT / ".hadolint.yaml"), str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("stage", ["cpu", "cuda"])
+def test_each_image_installs_dependencies_before_the_code_and_runs_as_a_user(stage: str) -> None:
+    steps = stages()[stage]
+    copy_code = next(i for i, s in enumerate(steps) if s.startswith("COPY pactl"))
+    installs = [i for i, s in enumerate(steps) if "pip install ." in s or "pip install --no" in s]
+    assert installs and installs[0] < copy_code  # dependencies: a layer the code does not touch
+    after = " ".join(steps[copy_code:])
+    assert "pip install --no-deps ." in after  # only pactl itself after the code is copied
+    user = next(s for s in steps if s.startswith("USER "))
+    assert user.split()[1].split(":")[0] not in ("0", "root")
+    assert steps.index(user) < next(i for i, s in enumerate(steps) if s.startswith("ENTRYPOINT"))
+    assert 'ENTRYPOINT ["pactl"]' in steps
