@@ -21,7 +21,14 @@ from pactl.checkpoint import Network
 from pactl.config import ModelConfig, read_config, to_dict
 from pactl.console import Reporter
 from pactl.errors import PactlError, UsageError
-from pactl.fsutil import allocate, check_files, new_generation, read_current, record_files
+from pactl.fsutil import (
+    KeepCurrent,
+    allocate,
+    check_files,
+    new_generation,
+    read_current,
+    record_files,
+)
 
 VECTORS_FORMAT = "pactl.vectors"
 VECTORS_VERSION = 1
@@ -333,49 +340,15 @@ def embed_to_folder(
 
     Run again into the same folder with the same model, only new or changed files are embedded.
     """
-    try:
-        return _embed_generation(
-            model,
-            network,
-            files,
-            labels,
-            ids,
-            out_dir,
-            device,
-            reporter,
-            batch_size,
-            workers,
-            amp,
-            scratch,
-        )
-    except _UpToDate:
-        reporter.log(f"{out_dir} is up to date: nothing new or changed")
-        meta = read_current(out_dir, lambda folder: read_vectors_in(folder, out_dir)[1])
-        return {**meta, "embedded": 0, "reused": meta["count"], "skipped": 0}
-
-
-def _embed_generation(
-    model: nn.Module,
-    network: Network,
-    files: Sequence[Path],
-    labels: Sequence[str],
-    ids: np.ndarray,
-    out_dir: Path,
-    device: torch.device,
-    reporter: Reporter,
-    batch_size: int,
-    workers: int,
-    amp: str,
-    scratch: bool,
-) -> dict[str, Any]:
     model_config = network.config
     stats = file_stats(files)
+    meta: dict[str, Any] | None = None
     with new_generation(out_dir, VECTORS_FILES, links=not scratch) as gen:
         previous = read_previous(out_dir, network.fingerprint)
         job = plan(files, ids, stats, previous)
         todo = np.flatnonzero(job.reuse < 0)
         if previous is not None and not len(todo) and len(previous.rows) == len(files):
-            raise _UpToDate
+            raise KeepCurrent
         dim = model_config.dimension or model_config.embedding_dim
         fresh_path = gen / ".fresh.npy"  # the new vectors, removed once assembled
         fresh = _open_npy(fresh_path, (len(todo), dim))
@@ -415,11 +388,11 @@ def _embed_generation(
         }
         meta = record_files(gen, meta)
         (gen / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    if meta is None:
+        reporter.log(f"{out_dir} is up to date: nothing new or changed")
+        meta = read_current(out_dir, lambda folder: read_vectors_in(folder, out_dir)[1])
+        return {**meta, "embedded": 0, "reused": meta["count"], "skipped": 0}
     return meta
-
-
-class _UpToDate(Exception):
-    """Nothing new or changed: the current generation stays."""
 
 
 def _open_npy(path: Path, shape: tuple[int, int]) -> np.memmap:

@@ -222,6 +222,11 @@ def generation_of(folder: Path) -> str | None:
     return _pointer(folder)
 
 
+class KeepCurrent(Exception):
+    """Raised inside new_generation() when there is nothing to write: the new generation is
+    dropped, the current one stays, and the exception goes no further."""
+
+
 @contextlib.contextmanager
 def new_generation(folder: Path, managed: Collection[str], links: bool = True) -> Iterator[Path]:
     """A fresh generation folder to write all of `folder`'s files into; when the block ends
@@ -237,6 +242,8 @@ def new_generation(folder: Path, managed: Collection[str], links: bool = True) -
     try:
         with _generation(folder, managed, links) as gen:
             yield gen
+    except KeepCurrent:
+        return
     except BaseException:
         if made:  # a first write that failed leaves no folder behind
             with contextlib.suppress(OSError):
