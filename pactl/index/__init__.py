@@ -1,0 +1,90 @@
+"""FAISS indexes over L2-normalised vectors: factory choice, build, tuning, bundles on disk.
+
+A bundle is a folder of three files: `index.faiss` (FAISS ids are the item ids), `items.csv`
+(`id,path,label`) and `meta.json` (format, version, model fingerprint, factory string, the tuned
+search parameters and the Recall@10 they reached). Cosine similarity is the inner product of
+L2-normalised vectors, so every index here uses METRIC_INNER_PRODUCT.
+
+An IVF index over more vectors than memory holds is built shard by shard (build_ondisk_index):
+its inverted lists go to a fourth file, `index.ivfdata`, which searches read through the page
+cache.
+
+A bundle's files change together: each save writes a new generation of the folder and switches
+to it in one rename (pactl.fsutil.new_generation), so a reader, or a kill, sees the old bundle
+or the new one, never a mix.
+"""
+
+from pactl.index.build import (
+    FLAT_MAX_ITEMS,
+    Part,
+    add_vectors,
+    build_index,
+    check_factory,
+    choose_factory,
+    exact_neighbours,
+    new_index,
+    recall_at_k,
+    tune,
+)
+from pactl.index.bundle import (
+    BUNDLE_FILES,
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    INDEX_FILE,
+    ITEMS_FILE,
+    META_FILE,
+    VECTORS_FORMAT,
+    Bundle,
+    add_to_bundle,
+    bundle_count,
+    check_folder,
+    load_bundle,
+    save_bundle,
+    write_bundle,
+)
+from pactl.index.items import ITEMS_HEADER, ItemTable
+from pactl.index.ondisk import (
+    IVFDATA_FILE,
+    MERGE_DIR,
+    ON_DISK_CHOICES,
+    PENDING_IVFDATA,
+    build_ondisk_index,
+    empty_like,
+    wants_on_disk,
+)
+
+__all__ = [
+    "BUNDLE_FILES",
+    "BUNDLE_FORMAT",
+    "BUNDLE_VERSION",
+    "FLAT_MAX_ITEMS",
+    "INDEX_FILE",
+    "ITEMS_FILE",
+    "ITEMS_HEADER",
+    "IVFDATA_FILE",
+    "MERGE_DIR",
+    "META_FILE",
+    "ON_DISK_CHOICES",
+    "PENDING_IVFDATA",
+    "VECTORS_FORMAT",
+    "Bundle",
+    "ItemTable",
+    "Part",
+    "add_to_bundle",
+    "add_vectors",
+    "build_index",
+    "build_ondisk_index",
+    "bundle_count",
+    "check_factory",
+    "check_folder",
+    "choose_factory",
+    "empty_like",
+    "exact_neighbours",
+    "load_bundle",
+    "new_index",
+    "recall_at_k",
+    "save_bundle",
+    "tune",
+    "wants_on_disk",
+    "write_bundle",
+]

@@ -1,0 +1,346 @@
+"""Choosing a FAISS factory, building an index over vectors, and tuning its search setting
+for a target Recall@10 against exact search."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+import numpy as np
+
+from pactl.config import IndexConfig
+from pactl.console import Reporter
+from pactl.errors import PactlError
+from pactl.search import exclude_by_id
+
+FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
+TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: FAISS asks for >= 39; more costs minutes
+TRAIN_POINTS_OTHER = 65_536  # sample cap for trainable indexes without inverted lists
+TUNING_QUERIES = 1_000  # data points used as held-out queries when tuning nprobe / efSearch
+RECALL_K = 10  # the tuned figure is Recall@10 against exact search
+PLATEAU = 0.002  # recall gained by doubling a search knob below which more effort is pointless
+ADD_BATCH = 65_536  # vectors per add() call: bounded memory when `vectors` is memory-mapped
+NORM_TOLERANCE = 1e-2  # |norm - 1| allowed before vectors are taken as not L2-normalised
+
+Part = tuple[np.ndarray, np.ndarray]  # one shard: (n_i, d) float32 vectors (memory-mapped), ids
+
+
+# ---------------------------------------------------------------------------- factory choice
+
+
+def choose_factory(n: int, dim: int, memory_budget_gb: float = 8.0) -> str:
+    """The default FAISS factory string for `n` vectors of `dim` floats.
+
+    Exact search below FLAT_MAX_ITEMS; above, an IVF index with ~4 sqrt(n) lists (a power of two)
+    whose coarse quantiser is an HNSW graph, so assigning vectors and queries to lists stays cheap
+    as nlist grows. Flat codes when they fit the budget, else the finest product quantiser (up to
+    one byte per 4 dimensions) that does.
+    """
+    if n < 1 or dim < 1:
+        raise PactlError(f"cannot index {n} vectors of dimension {dim}")
+    if n < FLAT_MAX_ITEMS:
+        return "Flat"
+    nlist = 2 ** round(math.log2(4 * math.sqrt(n)))
+    budget = memory_budget_gb * 2**30
+    if _ivf_bytes(n, dim, nlist, 4 * dim) <= budget:
+        return f"IVF{nlist}_HNSW32,Flat"
+    # At most 4 dimensions per sub-quantiser: finer codes cost more to train than they return.
+    for m in (m for m in range(max(dim // 4, 1), 0, -1) if dim % m == 0):
+        if _ivf_bytes(n, dim, nlist, m) <= budget:
+            return f"IVF{nlist}_HNSW32,PQ{m}"
+    raise PactlError(
+        f"{n:,} vectors of dimension {dim} do not fit in {memory_budget_gb} GB even as 1-byte "
+        "codes; raise the memory budget or pass a FAISS factory string"
+    )
+
+
+def _ivf_bytes(n: int, dim: int, nlist: int, code_bytes: int) -> int:
+    """Resident size of an IVF index: codes and an 8-byte id per vector, plus the HNSW quantiser
+    (float32 centroids and 2 x 32 four-byte links each on the graph's base level)."""
+    return n * (code_bytes + 8) + nlist * (4 * dim + 64 * 4)
+
+
+# ---------------------------------------------------------------------------- build and tune
+
+
+def build_index(
+    vectors: np.ndarray,
+    config: IndexConfig,
+    reporter: Reporter,
+    seed: int = 0,
+    ids: np.ndarray | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Train, fill and tune an index over `vectors` (row i gets id i unless `ids` is given).
+
+    Returns the index, search parameters set, and the tuning record that goes into meta.json:
+    factory, search_params, recall_at_10 (measured against exact search), ntotal, and more.
+    """
+    x = _as_matrix(vectors, "vectors")
+    n, dim = x.shape
+    if n == 0:
+        raise PactlError("there are no vectors to index")
+    item_ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+    if item_ids.shape != (n,) or len(np.unique(item_ids)) != n:
+        raise PactlError(f"ids must be {n} distinct integers, one per vector")
+    factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
+    started = time.perf_counter()
+    index = new_index(factory, dim)
+    rng = np.random.default_rng(seed)
+    trained_on = _train(index, [(x, item_ids)], rng, seed, reporter, factory)
+    add_vectors(index, x, item_ids, reporter)
+    tuning = tune(index, [(x, item_ids)], config.target_recall, rng, reporter)
+    seconds = time.perf_counter() - started
+    reporter.log(f"built {factory} over {n:,} vectors in {seconds:.1f} s")
+    record = {"factory": factory, **tuning, "ntotal": int(index.ntotal)}
+    return index, {
+        **record,
+        "train_points": trained_on,
+        "seed": seed,
+        "build_seconds": round(seconds, 3),
+    }
+
+
+def check_factory(factory: str) -> None:
+    """Refuse factory strings that FAISS accepts but then aborts the process on (a zero list
+    count, code size or graph degree: `HNSW0`, `IVF0,Flat`, `PQ4x0`, `NSG2` ...) or fails to
+    parse with a C++ exception (numbers beyond 32 bits)."""
+    if not factory or len(factory) > 200 or not re.fullmatch(r"[A-Za-z0-9_,()x.+-]+", factory):
+        raise PactlError(f"{factory!r} is not a FAISS factory string (e.g. Flat, IVF1024,PQ32)")
+    for match in re.finditer(r"([A-Za-z]*)(\d+)", factory):
+        name, number = match.group(1), int(match.group(2))
+        least = {"HNSW": 2, "NSG": 3}.get(name.upper(), 1)
+        if not least <= number < 2**31:
+            raise PactlError(
+                f"factory {factory!r}: {name}{number} is out of range "
+                f"({name or 'the number'} must be from {least} to {2**31 - 1:,})"
+            )
+
+
+def new_index(factory: str, dim: int) -> Any:
+    """An empty inner-product index; kinds without their own id storage get an IndexIDMap2."""
+    check_factory(factory)
+    try:
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        raise PactlError(f"FAISS cannot make {factory!r} for dimension {dim}: {_why(e)}") from e
+    has_ids = faiss.try_extract_index_ivf(index) is not None or isinstance(index, faiss.IndexIDMap)
+    return index if has_ids else faiss.IndexIDMap2(index)
+
+
+def _train(
+    index: Any,
+    parts: Sequence[Part],
+    rng: np.random.Generator,
+    seed: int,
+    reporter: Reporter,
+    name: str,
+) -> int:
+    """Train on a seeded sample of the rows of all parts; returns its size (0 when nothing needs
+    training)."""
+    if index.is_trained:
+        return 0
+    ivf = faiss.try_extract_index_ivf(index)
+    cap = TRAIN_POINTS_PER_LIST * ivf.nlist if ivf is not None else TRAIN_POINTS_OTHER
+    n = _count(parts)
+    m = min(n, cap)
+    # Sorted rows read each memory-mapped part front to back.
+    rows = np.sort(rng.choice(n, size=m, replace=False))
+    sample, _ = _read_rows(parts, rows)
+    _check_unit_rows(sample, rows)
+    if ivf is not None:
+        ivf.cp.seed = seed
+        inner = faiss.downcast_index(ivf)
+        if hasattr(inner, "pq"):
+            inner.pq.cp.seed = seed
+    reporter.log(f"training {name} on {m:,} of {n:,} vectors")
+    try:
+        index.train(sample)
+    except RuntimeError as e:
+        raise PactlError(f"training {name} failed: {_why(e)}") from e
+    return m
+
+
+def _count(parts: Sequence[Part]) -> int:
+    return sum(len(vectors) for vectors, _ in parts)
+
+
+def _read_rows(parts: Sequence[Part], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vectors (float32, in memory) and ids at sorted `rows`, numbered across the parts in
+    order. Each part gives its own rows, so the parts themselves are never joined."""
+    vectors, ids, start = [], [], 0
+    for part, part_ids in parts:
+        low, high = np.searchsorted(rows, [start, start + len(part)])
+        local = rows[low:high] - start
+        vectors.append(np.ascontiguousarray(part[local], dtype=np.float32))
+        ids.append(np.asarray(part_ids, dtype=np.int64)[local])
+        start += len(part)
+    return np.concatenate(vectors), np.concatenate(ids)
+
+
+def add_vectors(index: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter) -> None:
+    """Add rows in batches (a memory-mapped array is read once, a slice at a time)."""
+    n = len(vectors)
+    with reporter.bar("adding vectors", total=n) as advance:
+        for start in range(0, n, ADD_BATCH):
+            stop = min(start + ADD_BATCH, n)
+            batch = np.ascontiguousarray(vectors[start:stop], dtype=np.float32)
+            _check_unit_rows(batch, np.arange(start, stop))
+            index.add_with_ids(batch, np.ascontiguousarray(ids[start:stop], dtype=np.int64))
+            advance(stop - start)
+
+
+def _check_unit_rows(batch: np.ndarray, rows: np.ndarray) -> None:
+    """Refuse NaN/inf and vectors far from unit length: inner product is cosine only on those."""
+    norms = np.sqrt(np.einsum("ij,ij->i", batch, batch, dtype=np.float64))
+    bad = np.flatnonzero(~(np.abs(norms - 1.0) <= NORM_TOLERANCE))
+    if len(bad):
+        i = bad[0]
+        raise PactlError(
+            f"vector {int(rows[i])} has norm {norms[i]:.4g}; pactl indexes L2-normalised vectors "
+            "(cosine similarity as inner product): normalise them first"
+        )
+
+
+@dataclass(frozen=True)
+class _Knob:
+    name: str  # what the log calls it
+    low: int  # the cheapest setting worth trying
+    high: int  # the most expensive (exhaustive for IVF)
+    params: Callable[[int], str]  # setting -> ParameterSpace string
+
+
+def _knob(index: Any, k: int) -> _Knob | None:
+    """The search-time setting that trades speed for recall, or None for exact/fixed kinds."""
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        graph = hasattr(faiss.downcast_index(ivf.quantizer), "hnsw")
+
+        def ivf_params(p: int) -> str:
+            # The HNSW quantiser must look at least as wide as the lists it returns.
+            return f"nprobe={p},quantizer_efSearch={max(64, 2 * p)}" if graph else f"nprobe={p}"
+
+        return _Knob("nprobe", 1, int(ivf.nlist), ivf_params)
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    if hasattr(inner, "hnsw"):
+        return _Knob("efSearch", max(16, k + 1), max(4096, k + 1), lambda e: f"efSearch={e}")
+    return None
+
+
+def tune(
+    index: Any,
+    parts: Sequence[Part],
+    target: float,
+    rng: np.random.Generator,
+    reporter: Reporter,
+) -> dict[str, Any]:
+    """Find the cheapest search setting reaching Recall@10 >= target and leave it set.
+
+    `parts` are the indexed (vectors, ids), one part or one per shard. Queries are a seeded
+    sample of the indexed vectors; each query's own id is removed from both the exact and the
+    approximate neighbours (as `pactl query` does), so the figure is the recall of the other
+    items, the ones a query actually wants.
+    """
+    n = _count(parts)
+    k = min(RECALL_K, n - 1)
+    record: dict[str, Any] = {"search_params": "", "recall_at_10": None, "target_recall": target}
+    if k < 1:
+        return {**record, "target_reached": False, "tuning_queries": 0}
+    rows = np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
+    queries, own = _read_rows(parts, rows)
+    truth = exact_neighbours(parts, queries, own, k)
+    space: Any = faiss.ParameterSpace()  # (its stub types the params string as int)
+
+    def measure(params: str) -> float:
+        if params:
+            space.set_index_parameters(index, params)
+        scores, found = index.search(queries, k + 1)
+        return recall_at_k(exclude_by_id(scores, found, own, k)[1], truth)
+
+    knob = _knob(index, k)
+    if knob is None:
+        params, recall = "", measure("")
+        reached = recall >= target
+    else:
+        setting, recall, reached = _smallest_setting(knob, measure, target, reporter)
+        params = knob.params(setting)
+        space.set_index_parameters(index, params)
+    if not reached:
+        reporter.log(f"recall@10 {recall:.4f} is below the target {target}: best this index gives")
+    record.update(search_params=params, recall_at_10=recall, target_reached=reached)
+    return {**record, "tuning_queries": len(rows)}
+
+
+def _smallest_setting(
+    knob: _Knob, measure: Callable[[str], float], target: float, reporter: Reporter
+) -> tuple[int, float, bool]:
+    """Double the knob until recall reaches `target`, then bisect down to the smallest setting.
+
+    If recall stops growing first (product-quantised codes cap it), take the cheapest setting
+    within PLATEAU of the best seen. Returns (setting, recall, target reached).
+    """
+    seen: dict[int, float] = {}
+
+    def at(setting: int) -> float:
+        if setting not in seen:
+            seen[setting] = measure(knob.params(setting))
+            reporter.log(f"  {knob.name}={setting}: recall@10 {seen[setting]:.4f}")
+        return seen[setting]
+
+    failed, setting = 0, knob.low
+    while at(setting) < target:
+        grew = failed == 0 or seen[setting] - seen[failed] >= PLATEAU
+        if setting >= knob.high or not grew:
+            best = max(seen.values())
+            cheapest = min(s for s, r in seen.items() if r >= best - PLATEAU)
+            return cheapest, seen[cheapest], False
+        failed, setting = setting, min(2 * setting, knob.high)
+    while failed and setting - failed > 1:
+        middle = (failed + setting) // 2
+        failed, setting = (failed, middle) if at(middle) >= target else (middle, setting)
+    return setting, seen[setting], True
+
+
+def exact_neighbours(
+    parts: Sequence[Part], queries: np.ndarray, own: np.ndarray, k: int
+) -> np.ndarray:
+    """Ids of the k largest inner products of each query over all parts, its own id `own[i]`
+    excluded. Each part is searched on its own and the per-part top k+1 merged by score, so only
+    one part is read at a time and the result equals a search of the parts joined."""
+    scores, ids = [], []
+    for vectors, part_ids in parts:
+        if len(vectors):
+            fetch = min(k + 1, len(vectors))
+            s, rows = faiss.knn(queries, vectors, fetch, metric=faiss.METRIC_INNER_PRODUCT)
+            scores.append(s)
+            ids.append(np.asarray(part_ids, dtype=np.int64)[rows])
+    all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
+    best = np.argsort(-all_scores, axis=1, kind="stable")[:, : k + 1]  # (nq, <= k+1)
+    merged = np.take_along_axis(all_scores, best, axis=1), np.take_along_axis(all_ids, best, axis=1)
+    return exclude_by_id(*merged, own, k)[1]
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Share of the true neighbour ids (rows of `truth`, -1 = none) present in the same row of
+    `found`: Recall@k in the approximate-search sense, with k = truth.shape[1]."""
+    valid = truth >= 0
+    hit = (truth[:, :, None] == found[:, None, :]).any(axis=2) & valid
+    return float(hit.sum() / max(int(valid.sum()), 1))
+
+
+def _as_matrix(values: np.ndarray, what: str) -> np.ndarray:
+    if not isinstance(values, np.ndarray) or values.ndim != 2:
+        raise PactlError(f"{what} must be a 2-D float32 array (rows x dimension)")
+    if values.dtype != np.float32:
+        raise PactlError(f"{what} must be float32, not {values.dtype}")
+    return values
+
+
+def _why(error: Exception) -> str:
+    """The useful tail of a FAISS C++ exception message."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text.rsplit("Error: ", 1)[-1][:200]
