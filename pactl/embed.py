@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -19,11 +21,12 @@ from torch import nn
 from pactl import __version__, records
 from pactl.checkpoint import Network
 from pactl.config import ModelConfig, read_config, to_dict
-from pactl.console import Reporter
+from pactl.console import Advance, Reporter
 from pactl.errors import PactlError, UsageError
 from pactl.fsutil import (
     KeepCurrent,
     allocate,
+    atomic_path,
     check_files,
     new_generation,
     read_current,
@@ -161,6 +164,7 @@ def embed_files(
     out: np.ndarray | None = None,
     prepare: bool | None = None,
     draft: bool = True,
+    advance: Advance | None = None,
 ) -> Embedded:
     """Embed `files` in order; unreadable ones are skipped and listed, never fatal.
 
@@ -168,6 +172,7 @@ def embed_files(
     images on) prepares it here. `out` may be a (len(files), D) float32 array (a memory map, say)
     that receives the vectors of the images that decoded, packed from the top; otherwise one is
     allocated. `draft`: large JPEGs may decode at a reduced scale (not for evaluation).
+    `advance`: a caller's progress bar to move instead of one of this call's own.
     """
     loader = loader_for(files, None, model_config, batch_size, workers, device, draft=draft)
     dim = model_config.dimension or model_config.embedding_dim
@@ -180,7 +185,8 @@ def embed_files(
     freeze = prepare or (prepare is None and len(files) >= PREPARE_MIN_IMAGES)
     with torch.inference_mode(False):  # tracing needs ordinary tensors
         forward = inference_model(model, model_config, device, amp, channels_last, freeze)
-    with reporter.bar("embedding", total=len(files)) as advance:
+    bar = reporter.bar("embedding", total=len(files)) if advance is None else nullcontext(advance)
+    with bar as step:
         for batch in loader:
             failed.extend(batch.failed)
             if len(batch.indices):
@@ -193,13 +199,15 @@ def embed_files(
                 vectors[filled : filled + n] = emb.float().cpu().numpy()
                 rows[filled : filled + n] = batch.indices.numpy()
                 filled += n
-            advance(len(batch.indices) + len(batch.failed))
+            step(len(batch.indices) + len(batch.failed))
     if not prepared:
         model.train(was_training)
     return Embedded(vectors[:filled], rows[:filled], failed)
 
 
 ITEMS_COLUMNS = ("id", "path", "label", "size", "mtime_ns")
+COMMIT_EVERY = 4096  # images between progress commits of an embed (a kill loses at most these)
+PROGRESS_PREFIX = ".pactl-progress-"
 MAX_SHARDS = 99_999  # shard names have five digits
 
 
@@ -333,12 +341,15 @@ def embed_to_folder(
     workers: int = 0,
     amp: str = "none",
     scratch: bool = False,
+    commit_every: int = COMMIT_EVERY,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
     one new generation of `out_dir` (pactl.fsutil): a kill leaves the old output or the new.
     `scratch`: a private folder, without the visible links.
 
     Run again into the same folder with the same model, only new or changed files are embedded.
+    Progress is committed every `commit_every` images (Progress): after a kill, the same command
+    goes on from the last commit.
     """
     model_config = network.config
     stats = file_stats(files)
@@ -353,8 +364,9 @@ def embed_to_folder(
         fresh_path = gen / ".fresh.npy"  # the new vectors, removed once assembled
         fresh = _open_npy(fresh_path, (len(todo), dim))
         todo_files = [files[i] for i in todo.tolist()]
-        result = embed_files(
-            model, todo_files, model_config, device, reporter, batch_size, workers, amp, out=fresh
+        progress = Progress.open(out_dir, network.fingerprint, todo_files, stats_of(stats, todo))
+        result = progress.embed(
+            model, model_config, device, reporter, batch_size, workers, amp, fresh, commit_every
         )
         embedded = np.full(len(files), -1, dtype=np.int64)
         embedded[todo[result.rows]] = np.arange(len(result.rows))
@@ -388,11 +400,115 @@ def embed_to_folder(
         }
         meta = record_files(gen, meta)
         (gen / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    Progress.clear(out_dir)  # the output holds it all now (or was up to date)
     if meta is None:
         reporter.log(f"{out_dir} is up to date: nothing new or changed")
         meta = read_current(out_dir, lambda folder: read_vectors_in(folder, out_dir)[1])
         return {**meta, "embedded": 0, "reused": meta["count"], "skipped": 0}
     return meta
+
+
+def stats_of(stats: list[tuple[int, int]], rows: np.ndarray) -> list[tuple[int, int]]:
+    return [stats[i] for i in rows.tolist()]
+
+
+@dataclass
+class Progress:
+    """Committed progress of one embed job: a hidden folder `.pactl-progress-<key>/` of the
+    output folder, one file per `commit_every` images (their vectors, which decoded, which
+    failed and why), each written atomically. The key hashes the model's fingerprint and the
+    job's files with their sizes and modification times, so progress is only ever reused for
+    the same job; any other job's progress is removed when this one starts."""
+
+    folder: Path
+    files: Sequence[Path]
+
+    @classmethod
+    def open(
+        cls, out_dir: Path, fingerprint: str, files: Sequence[Path], stats: list[tuple[int, int]]
+    ) -> Progress:
+        digest = hashlib.sha256(fingerprint.encode())
+        for f, (size, mtime) in zip(files, stats, strict=True):
+            digest.update(os.fsencode(os.path.abspath(f)) + f"\0{size}\0{mtime}\0".encode())
+        folder = out_dir / f"{PROGRESS_PREFIX}{digest.hexdigest()[:16]}"
+        for other in out_dir.glob(f"{PROGRESS_PREFIX}*"):
+            if other != folder:
+                shutil.rmtree(other, ignore_errors=True)
+        return cls(folder, files)
+
+    @staticmethod
+    def clear(out_dir: Path) -> None:
+        for folder in out_dir.glob(f"{PROGRESS_PREFIX}*"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def embed(
+        self,
+        model: nn.Module,
+        model_config: ModelConfig,
+        device: torch.device,
+        reporter: Reporter,
+        batch_size: int,
+        workers: int,
+        amp: str,
+        out: np.ndarray,
+        commit_every: int,
+    ) -> Embedded:
+        """Embed the job's files into `out` (packed from the top, as embed_files does), taking
+        committed chunks from disk and committing each new one."""
+        n = len(self.files)
+        starts = list(range(0, n, commit_every))
+        done = self._committed(len(starts))
+        if done:
+            reporter.log(f"going on from {done * commit_every:,} images embedded before")
+        if n - done * commit_every >= PREPARE_MIN_IMAGES:  # prepared once for every chunk
+            with torch.inference_mode(False):
+                model = inference_model(model, model_config, device, amp)
+        rows: list[np.ndarray] = []
+        failed: list[tuple[int, str]] = []
+        filled = 0
+        with reporter.bar("embedding", total=n) as advance:
+            for k, start in enumerate(starts):
+                chunk = list(self.files[start : start + commit_every])
+                if k < done:
+                    vectors, got, lost = self._read(k)
+                    advance(len(chunk))
+                else:
+                    result = embed_files(
+                        model, chunk, model_config, device, reporter, batch_size, workers, amp,
+                        prepare=False, advance=advance,
+                    )  # fmt: skip
+                    vectors, got, lost = result.vectors, result.rows, result.failed
+                    self._write(k, vectors, got, lost)
+                out[filled : filled + len(got)] = vectors
+                filled += len(got)
+                rows.append(got + start)
+                failed += [(int(i) + start, reason) for i, reason in lost]
+        return Embedded(out[:filled], np.concatenate(rows or [np.empty(0, np.int64)]), failed)
+
+    def _committed(self, chunks: int) -> int:
+        """How many chunks, from the first, are committed."""
+        done = 0
+        while done < chunks and (self.folder / f"{done:06d}.npz").is_file():
+            done += 1
+        return done
+
+    def _read(self, k: int) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+        with np.load(self.folder / f"{k:06d}.npz", allow_pickle=False) as z:
+            lost = [(int(i), str(r)) for i, r in zip(z["failed"], z["reasons"], strict=True)]
+            return z["vectors"], z["rows"], lost
+
+    def _write(
+        self, k: int, vectors: np.ndarray, rows: np.ndarray, failed: list[tuple[int, str]]
+    ) -> None:
+        self.folder.mkdir(exist_ok=True)
+        with atomic_path(self.folder / f"{k:06d}.npz") as tmp, open(tmp, "wb") as f:
+            np.savez(
+                f,
+                vectors=np.asarray(vectors, dtype=np.float32),
+                rows=np.asarray(rows, dtype=np.int64),
+                failed=np.array([i for i, _ in failed], dtype=np.int64),
+                reasons=np.array([r for _, r in failed], dtype=str),
+            )
 
 
 def _open_npy(path: Path, shape: tuple[int, int]) -> np.memmap:
