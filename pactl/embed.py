@@ -48,14 +48,22 @@ class Embedded:
     failed: list[tuple[int, str]] = field(default_factory=list)  # (position, reason)
 
 
+def mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
 def resolve_device(name: str) -> torch.device:
+    """`auto`: CUDA (under torchrun, this process's GPU), else Apple's MPS, else the CPU. A device
+    asked for by name that this machine lacks is one line."""
     if name == "auto":
-        if not torch.cuda.is_available():
-            return torch.device("cpu")
-        # Under torchrun each process takes its own GPU.
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("mps") if mps_available() else torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise PactlError(f"device {name!r} asked for, but no CUDA device is available")
+    if name == "mps" and not mps_available():
+        raise PactlError("device 'mps' asked for, but this machine has no Apple MPS device")
     return torch.device(name)
 
 
