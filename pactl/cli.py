@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperGroup
@@ -30,9 +31,13 @@ from pactl.config import (
     override,
     preset_for,
 )
-from pactl.console import Reporter, err, out
+from pactl.console import Reporter, err, literal, out
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
+
+if TYPE_CHECKING:  # the library's heavy side is imported by the commands that use it
+    from pactl.output import HitWriter
+    from pactl.pipeline import QueryChunk
 
 
 class Commands(TyperGroup):
@@ -81,15 +86,29 @@ app = typer.Typer(
     name="pactl",
     help="Proxy-Anchor metric learning and FAISS retrieval: labelled images in, "
     "top-k answers out.\n\n"
-    "  pactl download digits\n\n  pactl train digits\n\n  pactl index\n\n"
-    "  pactl query img.png --k 4",
+    "Examples:\n\n\b\n  pactl download digits\n  pactl train digits\n  pactl index\n"
+    "  pactl query img.png --k 4\n  pactl list backbones",
     no_args_is_help=True,
     add_completion=False,
-    rich_markup_mode="rich",
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # Click's plain help: option names and choices are never cut or folded at 80 columns, and
+    # `\b` paragraphs (the examples) keep their lines.
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or log lines.")]
+Quiet = Annotated[
+    bool,
+    typer.Option(
+        "--quiet", "-q", help="No progress bars or log lines (warnings and errors still show)."
+    ),
+]
+FollowLinks = Annotated[
+    bool,
+    typer.Option(
+        "--follow-links",
+        help="Follow links that lead out of the folder (default: skipped / refused).",
+    ),
+]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
 Workers = Annotated[int, typer.Option(min=0, max=MAX_WORKERS, help="DataLoader worker processes.")]
 Backbone = Annotated[
@@ -180,73 +199,81 @@ def root(
     """Proxy-Anchor metric learning and FAISS retrieval from the command line."""
 
 
-@app.command()
+@app.command(short_help="Fetch a dataset into $PACTL_HOME/datasets/NAME.")
 def download(
     name: Annotated[str | None, typer.Argument(help="Dataset name (see --list).")] = None,
     source: Annotated[
         Path | None,
         typer.Option("--from", exists=True, help="Archives or an extracted folder you fetched."),
     ] = None,
-    list_: Annotated[bool, typer.Option("--list", help="Show the known datasets.")] = False,
+    list_: Annotated[
+        bool, typer.Option("--list", help="Show the known datasets (as pactl list datasets).")
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
     """Fetch a dataset and write its images and manifest.csv under $PACTL_HOME/datasets/NAME.
 
-    [bold]Examples[/bold]
+    Examples:
 
-      pactl download digits          # bundled with scikit-learn, no network needed
-
+    \b
+      pactl download digits     # bundled with scikit-learn, no network needed
       pactl download --list
-
       pactl download cub200 --from ~/Downloads/CUB_200_2011.tgz
     """
     from pactl.datasets import catalog
 
     if list_:
-        show_catalog()
+        show_list(What.datasets, None)
         return
     if name is None:
         raise UsageError("give a dataset name, or --list to see them")
-    folder, did_work = catalog.prepare(name, reporter(quiet), source)
+    check_dataset(name)
+    log = reporter(quiet)
+    folder, did_work = catalog.prepare(name, log, source)
     if did_work:
-        err.print(f"{name} ready in {folder}")
+        log.log(f"{name} ready in {folder}")
     else:
-        err.print(f"{name} is already present in {folder}; nothing to do")
+        log.log(f"{name} is already present in {folder}; nothing to do")
 
 
-def show_catalog() -> None:
-    from rich.table import Table
+def check_dataset(name: str) -> None:
+    """A name that is not in the catalog is a usage mistake: the message lists the known ones."""
+    from pactl.datasets import CATALOG
 
-    from pactl.datasets import catalog
+    if name not in CATALOG:
+        raise UsageError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(CATALOG))}")
 
-    table = Table("name", "size", "classes", "images", "present", "how", "licence")
-    for row in catalog.status_rows():
-        table.add_row(
-            row.name,
-            row.size,
-            f"{row.classes:,}",
-            f"{row.images:,}",
-            "yes" if row.present else "no",
-            _how(catalog.CATALOG[row.name].offline, row.manual),
-            row.licence,
+
+def check_source(source: str) -> None:
+    """SOURCE is a dataset of the catalog or an existing path; anything else is a usage mistake
+    (a misspelt dataset name, most often), said before any work."""
+    from pactl.datasets import CATALOG
+
+    if source not in CATALOG and not os.path.lexists(source):
+        raise UsageError(
+            f"{source!r} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
+            "nor an existing folder or CSV file"
         )
-    with to_stdout():
-        out.print(table)
 
 
-def _how(offline: bool, manual: bool) -> str:
-    return "bundled" if offline else "--from (manual)" if manual else "download"
-
-
-@app.command()
+@app.command(short_help="Train an embedding network with the Proxy-Anchor loss.")
 def train(
     source: Annotated[
         str | None, typer.Argument(help="Dataset name, folder of class sub-folders, or CSV.")
     ] = None,
     preset: Annotated[
-        str | None, typer.Option(help=f"Settings preset: {', '.join(PRESETS)} (default: by name).")
+        str | None,
+        typer.Option(
+            help=f"Settings preset: {', '.join(PRESETS)} (default: the dataset's own, else "
+            "pactl's default for your data on this device; see pactl list presets)."
+        ),
     ] = None,
-    backbone: Annotated[str | None, typer.Option(help="small, bn_inception, resnet50, ...")] = None,
+    backbone: Annotated[
+        str | None,
+        typer.Option(
+            help="small, bn_inception, resnet50, timm:<model>, ... (pactl list backbones)."
+        ),
+    ] = None,
     weights: Annotated[
         str | None,
         typer.Option(help="none | imagenet | PATH (a state_dict file, .pth or .safetensors)."),
@@ -254,17 +281,21 @@ def train(
     dim: Annotated[int | None, typer.Option(help="Embedding size.")] = None,
     image_size: Annotated[int | None, typer.Option(help="Crop size the network sees.")] = None,
     resize_size: Annotated[int | None, typer.Option(help="Test-time resize before crop.")] = None,
-    epochs: Annotated[int | None, typer.Option(min=1)] = None,
+    epochs: Annotated[int | None, typer.Option(min=1, help="Epochs to train.")] = None,
     batch_size: Annotated[int | None, typer.Option(min=1, help="Global batch size.")] = None,
     lr: Annotated[float | None, typer.Option(help="AdamW learning rate.")] = None,
-    weight_decay: Annotated[float | None, typer.Option()] = None,
+    weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
     proxy_lr_mult: Annotated[float | None, typer.Option(help="Proxies' lr multiplier.")] = None,
     alpha: Annotated[float | None, typer.Option(help="Proxy-Anchor alpha.")] = None,
     delta: Annotated[float | None, typer.Option(help="Proxy-Anchor margin delta.")] = None,
     loss: Annotated[Loss | None, typer.Option(help="Loss to train with.")] = None,
     warmup_epochs: Annotated[int | None, typer.Option(min=0, help="Head-only epochs.")] = None,
-    lr_decay_step: Annotated[int | None, typer.Option(min=1)] = None,
-    lr_decay_gamma: Annotated[float | None, typer.Option()] = None,
+    lr_decay_step: Annotated[
+        int | None, typer.Option(min=1, help="Epochs between learning-rate decays.")
+    ] = None,
+    lr_decay_gamma: Annotated[
+        float | None, typer.Option(help="Factor of each learning-rate decay.")
+    ] = None,
     freeze_bn: Annotated[
         bool | None,
         typer.Option(
@@ -300,18 +331,41 @@ def train(
     ] = None,
     sampler: Annotated[Sampler | None, typer.Option(help="shuffle | m_per_class.")] = None,
     m: Annotated[int | None, typer.Option(min=1, help="Images per class (m_per_class).")] = None,
-    seed: Annotated[int | None, typer.Option()] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seeds initialisation, sampling and augmentation.")
+    ] = None,
     workers: Annotated[int | None, typer.Option(min=0, help="DataLoader workers.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda | cuda:N.")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto | cpu | cuda | cuda:N (default: auto).")
+    ] = None,
     amp: Annotated[Amp | None, typer.Option(help="Mixed precision autocast.")] = None,
     channels_last: Annotated[
-        bool | None, typer.Option("--channels-last/--no-channels-last")
+        bool | None,
+        typer.Option(
+            "--channels-last/--no-channels-last",
+            help="NHWC memory layout for convolutions (default: on).",
+        ),
     ] = None,
-    compile_: Annotated[bool | None, typer.Option("--compile/--no-compile")] = None,
+    compile_: Annotated[
+        bool | None,
+        typer.Option("--compile/--no-compile", help="torch.compile the model (default: off)."),
+    ] = None,
+    follow_links: Annotated[
+        bool | None,
+        typer.Option(
+            "--follow-links",
+            help="Follow links that lead out of the folder or the CSV's folder (default: "
+            "skipped / refused). Kept for --resume.",
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Run folder name under runs/.")] = None,
     resume: Annotated[str | None, typer.Option(help="Run folder to continue, or 'latest'.")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty run folder.")] = False,
-    print_config: Annotated[bool, typer.Option(help="Show resolved settings and exit.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace a non-empty run folder.")
+    ] = False,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="Show resolved settings and exit.")
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
     """Train an embedding network with the Proxy-Anchor loss; writes runs/<run>/.
@@ -321,16 +375,15 @@ def train(
     EfficientNet-Lite0 at 128 px for 8 epochs, on a GPU the paper's recipe on ResNet-50; 15% of
     its train classes choose best.pt. --print-config shows the settings and why.
 
-    [bold]Examples[/bold]
+    Options left out take the preset's value (pactl list presets).
 
-      pactl train digits                      # about half a minute on a laptop CPU
+    Examples:
 
-      pactl train cars196                     # the paper's recipe (float32), on the GPU
-
-      pactl train my_photos/ --weights lite0.pth   # a weights file for the default backbone
-
+    \b
+      pactl train digits                # about 11 s on 2 CPU cores
+      pactl train cars196               # the paper's recipe (float32), on the GPU
+      pactl train my_photos/ --weights lite0.pth   # a state_dict file
       torchrun --nproc-per-node 4 -m pactl train sop
-
       pactl train --resume latest
     """
     from pactl.datasets import load_source
@@ -343,6 +396,13 @@ def train(
         check_run_name(name)
     check_option("--device", device, TRAIN_RULES["device"])
     if resume:
+        given = {k: v for k, v in locals().items() if k in RESUME_REFUSES and v is not None}
+        if given:
+            names = ", ".join("--" + k.rstrip("_").replace("_", "-") for k in sorted(given))
+            raise UsageError(
+                f"--resume continues a run with its own settings: it takes --epochs, --device "
+                f"and --workers, not {names} (start a new run for other settings)"
+            )
         run = latest_run(runs_dir()) if resume == "latest" else Path(resume)
         source, model_cfg, cfg = resumed_configs(run)
         cfg = check(
@@ -392,6 +452,7 @@ def train(
             channels_last=channels_last,
             compile=compile_,
             val_classes=val_classes,
+            follow_links=follow_links,
         )
         why = [f"settings: {chosen.source}"]
         if model_cfg.weights == "none":  # the preset's freezing and warm-up are for its weights
@@ -415,15 +476,15 @@ def train(
             out.print_json(data={"source": source, "why": why, **_configs(model_cfg, cfg)})
         return
     check_output(run, "run folder", folder=True)
-    manifest = load_source(source, log)
-    created = not run.exists()
+    manifest = load_source(source, log, follow_links=cfg.follow_links)
+    created = not run.exists() or not any(run.iterdir())
     prepare_run_dir(run, resume=bool(resume), overwrite=overwrite)
     try:
-        with on_interrupt(f"continue with: pactl train --resume {run}"):
+        with on_interrupt(lambda: _resume_hint(run, created)):
             result = fit(source, manifest, model_cfg, cfg, run, log, resume=bool(resume))
     except PactlError:
-        if created and not any(run.iterdir()):  # failed before writing anything (weights)
-            run.rmdir()
+        if created and not (run / "checkpoint.pt").exists():  # nothing to resume: no dead end
+            shutil.rmtree(run, ignore_errors=True)
         raise
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
     chooser = {"val": "validation Recall@1", "test": "test Recall@1", "last": "last epoch"}
@@ -433,13 +494,33 @@ def train(
 
 
 @contextmanager
-def on_interrupt(hint: str) -> Iterator[None]:
-    """Ctrl-C: one line saying how to go on, exit code 130."""
+def on_interrupt(hint: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C: one line saying how to go on (`hint()`, worked out when it happens), exit 130."""
     try:
         yield
     except KeyboardInterrupt:
-        err.print(f"interrupted; {hint}")
+        err.print(literal(f"interrupted; {hint()}"))
         raise typer.Exit(130) from None
+
+
+# Settings a resumed run keeps from its config.json; --epochs, --device, --workers may change.
+RESUME_REFUSES = {
+    "source", "preset", "backbone", "weights", "dim", "image_size", "resize_size", "batch_size",
+    "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss", "warmup_epochs",
+    "lr_decay_step", "lr_decay_gamma", "freeze_bn", "sync_bn", "val_classes", "augment",
+    "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links", "name",
+}  # fmt: skip
+
+
+def _resume_hint(run: Path, created: bool) -> str:
+    """A resume hint only when there is something to resume; a run stopped in its first epoch
+    (made by this command) is removed instead, so it blocks nothing."""
+    if (run / "checkpoint.pt").is_file():
+        return f"continue with: pactl train --resume {run}"
+    if created:
+        shutil.rmtree(run, ignore_errors=True)
+        return f"no epoch had finished, so nothing was kept ({run} removed)"
+    return f"no epoch of this resume finished; {run} is as it was"
 
 
 def _value(choice: Enum | None) -> Any:
@@ -525,7 +606,7 @@ def check_output(path: Path, option: str, folder: bool) -> None:
         raise PactlError(f"cannot write {option} {path}: {existing} ({e.strerror})") from None
 
 
-@app.command()
+@app.command(short_help="Embed images into vectors.npy, items.csv and meta.json.")
 def embed(
     source: Annotated[str, typer.Argument(help="Folder of images, dataset name, or CSV.")],
     checkpoint: Annotated[
@@ -538,13 +619,16 @@ def embed(
     resize_size: BackboneResize = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Output folder.")] = Path("vectors"),
     split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
-    batch_size: Annotated[int, typer.Option(min=1, max=MAX_BATCH_SIZE)] = 128,
+    batch_size: Annotated[
+        int, typer.Option(min=1, max=MAX_BATCH_SIZE, help="Images per forward pass.")
+    ] = 128,
     workers: Workers = 0,
     device: Device = "auto",
     amp: Annotated[Amp, typer.Option(help="Mixed precision autocast.")] = Amp.none,
     shard: Annotated[
         str | None, typer.Option(help="Embed slice i of n ('i/n', 0-based; 'auto' under torchrun).")
     ] = None,
+    follow_links: FollowLinks = False,
     quiet: Quiet = False,
 ) -> None:
     """Embed images into vectors.npy (float32, L2-normalised), items.csv and meta.json.
@@ -552,44 +636,45 @@ def embed(
     Unreadable images are skipped and listed in skipped.csv. Run again into the same folder,
     only new or changed files (path, size, modification time) are embedded.
 
-    [bold]Examples[/bold]
+    Examples:
 
+    \b
       pactl embed photos/ --checkpoint runs/<run>/best.pt --out vectors/
-
       pactl embed digits --split test --checkpoint runs/<run>/best.pt
-
-      pactl embed photos/ --backbone resnet50 --weights imagenet   # no training: the baseline
-
-      pactl embed photos/ --checkpoint best.pt --out vectors/ --shard 0/4   # on 4 machines
-
-      torchrun --nproc-per-node 8 -m pactl embed photos/ --checkpoint best.pt --shard auto
+      pactl embed photos/ --backbone resnet50      # no training: the baseline
+      pactl embed photos/ --checkpoint best.pt --shard 0/4   # on 4 machines
+      torchrun --nproc-per-node 8 -m pactl embed photos/ \\
+          --checkpoint best.pt --shard auto
     """
     from pactl.pipeline import embed_source
 
+    check_source(source)
     check_option("--device", device, TRAIN_RULES["device"])
     check_output(out_dir, "--out", folder=True)
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
-    with on_interrupt("nothing half-written was kept; run the same command again"):
+    log = reporter(quiet)
+    with on_interrupt(lambda: "nothing half-written was kept; run the same command again"):
         meta = embed_source(
             source,
             model_from,
             out_dir,
             split,
             device,
-            reporter(quiet),
+            log,
             batch_size,
             workers,
             amp.value,
             shard,
+            follow_links=follow_links,
         )
     fresh = f", {meta['embedded']} embedded now" if "embedded" in meta else ""
     with to_stdout():
-        out.print(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}")
+        out.print(literal(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}"))
     if meta["skipped"]:
-        err.print(f"{meta['skipped']} unreadable images skipped: see {out_dir / 'skipped.csv'}")
+        log.warn(f"{meta['skipped']} unreadable images skipped: see {out_dir / 'skipped.csv'}")
 
 
-@app.command()
+@app.command(short_help="Build a FAISS index bundle from vectors or images.")
 def index(
     source: Annotated[
         str | None,
@@ -605,9 +690,21 @@ def index(
     weights: BackboneWeights = None,
     image_size: BackboneSize = None,
     resize_size: BackboneResize = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Bundle folder.")] = None,
-    factory: Annotated[str | None, typer.Option(help="FAISS factory string, e.g. Flat.")] = None,
-    target_recall: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Bundle folder (default: runs/<run>/index for a run's checkpoint, else ./index).",
+        ),
+    ] = None,
+    factory: Annotated[
+        str | None,
+        typer.Option(help="FAISS factory string, e.g. Flat (default: chosen by the set's size)."),
+    ] = None,
+    target_recall: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="Recall@10 against exact search a tuned index needs."),
+    ] = 0.95,
     split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
     add: Annotated[
         Path | None,
@@ -625,6 +722,7 @@ def index(
         ),
     ] = OnDisk.auto,
     device: Device = "auto",
+    follow_links: FollowLinks = False,
     quiet: Quiet = False,
 ) -> None:
     """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
@@ -633,18 +731,14 @@ def index(
 
     With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
 
-    [bold]Examples[/bold]
+    Examples:
 
-      pactl index                                   # right after `pactl train NAME`
-
+    \b
+      pactl index                          # right after `pactl train NAME`
       pactl index vectors/ --out my_index/
-
       pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
-
-      pactl index photos/ --backbone resnet50 --out baseline_index/   # no training
-
-      pactl index vectors/ --on-disk yes --factory IVF4096,Flat   # lists on disk
-
+      pactl index photos/ --backbone resnet50 --out baseline/   # no training
+      pactl index vectors/ --on-disk yes --factory IVF4096,Flat
       pactl index new_photos/ --add runs/<run>/index      # no rebuild
     """
     from pactl import pipeline
@@ -655,15 +749,17 @@ def index(
     check_option("--device", device, TRAIN_RULES["device"])
     if out_dir is not None:
         check_output(out_dir, "--out", folder=True)
+    if source is not None:
+        check_source(source)
     if add is not None:
         if source is None:
             raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
-        done = pipeline.add_to_index(source, add, split, device, log)
+        done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
         with to_stdout():
-            out.print(f"added {done['added']} items to {add} ({done['count']} in all)")
+            out.print(literal(f"added {done['added']} items to {add} ({done['count']} in all)"))
         return
     if source is None:
-        bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log)
+        bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log, follow_links)
     elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
         if out_dir is not None:
             check_apart(Path(source), out_dir)
@@ -676,10 +772,11 @@ def index(
     else:
         model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
         bundle, meta = pipeline.index_images(
-            source, model_from, out_dir, split, config, device, log
+            source, model_from, out_dir, split, config, device, log, follow_links=follow_links
         )
     with to_stdout():
-        out.print(f"indexed {meta['count']} items ({meta.get('factory', '?')}) in {bundle}")
+        factory = meta.get("factory", "?")
+        out.print(literal(f"indexed {meta['count']} items ({factory}) in {bundle}"))
 
 
 def check_apart(vectors: Path, bundle: Path) -> None:
@@ -693,7 +790,7 @@ def check_apart(vectors: Path, bundle: Path) -> None:
         )
 
 
-@app.command()
+@app.command(short_help="Top-k most similar indexed images for each query image.")
 def query(
     images: Annotated[
         list[str], typer.Argument(help="Image files or folders; '-' reads paths from stdin.")
@@ -716,27 +813,43 @@ def query(
         ),
     ] = None,
     exclude_self: Annotated[
-        bool, typer.Option(help="Drop the query image itself from its hits (by id).")
+        bool,
+        typer.Option("--exclude-self", help="Drop the query image itself from its hits (by id)."),
     ] = False,
-    paths_only: Annotated[bool, typer.Option(help="Print only the hit paths.")] = False,
-    null: Annotated[bool, typer.Option("-0", help="With --paths-only: NUL-separated.")] = False,
-    strict: Annotated[bool, typer.Option(help="Fail on an unreadable query image.")] = False,
+    paths_only: Annotated[
+        bool, typer.Option("--paths-only", help="Print only the hit paths, one a line.")
+    ] = False,
+    null: Annotated[
+        bool,
+        typer.Option(
+            "--null",
+            "-0",
+            help="NUL-separated paths on both sides, as xargs -0: '-' reads them from stdin "
+            "(find -print0) and --paths-only writes them.",
+        ),
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Fail on the first unreadable query image.")
+    ] = False,
     grid: Annotated[
         Path | None, typer.Option(help="Also draw the first 32 queries and their hits (PNG).")
     ] = None,
     device: Device = "auto",
+    follow_links: FollowLinks = False,
     quiet: Quiet = False,
 ) -> None:
     """Top-k most similar indexed images for each query image, on stdout.
 
-    [bold]Examples[/bold]
+    Unreadable query images are skipped with a line on stderr; when none can be read, the
+    command fails (exit 1).
 
+    Examples:
+
+    \b
       pactl query img.png --k 4
-
       find queries -name '*.png' | pactl query - --k 4 --format jsonl
-
+      find queries -name '*.png' -print0 | pactl query - -0 --paths-only
       pactl query img.png --paths-only -0 | xargs -0 ls -l
-
       pactl query queries/ --k 5 --grid hits.png
     """
     from pactl import pipeline
@@ -745,43 +858,92 @@ def query(
     log = reporter(quiet)
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid)
+    check_query_format(images, fmt, paths_only, null)
     bundle = index_dir or pipeline.find_bundle(runs_dir())
     if index_dir is None:
         log.log(f"using index {bundle}")
     chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
     writer = HitWriter(out, sys.stdout, chosen, paths_only, null)
-    failures = 0
     pictured: list[tuple[str, str | None, list[tuple[str, str, float]]]] = []
-    for chunk in pipeline.query_chunks(
+    chunks = pipeline.query_chunks(
         bundle,
-        query_paths(images),
+        query_paths(images, null, follow_links, log),
         k,
         checkpoint,
         exclude_self,
         device,
         log,
         know_labels=grid is not None,
-    ):
-        for name, reason in chunk.failed:
-            err.print(f"skipped query {name}: {reason}", highlight=False)
-            if strict:
-                raise PactlError(f"unreadable query image {name} ({reason})")
-        failures += len(chunk.failed)
-        with to_stdout():
-            writer.write(chunk.hits)
-        for name, label, hits in zip(chunk.names, chunk.labels, chunk.hits, strict=True):
-            if grid is not None and len(pictured) < 32:
-                pictured.append((name, label, [(h.path, h.label, h.score) for h in hits]))
-    with to_stdout():
-        writer.close()
+    )
+    skipped = answer_queries(chunks, writer, strict, pictured if grid is not None else None)
     if grid is not None:
         from pactl.report import retrieval_grid
 
         with writing(grid):
             retrieval_grid(pictured, grid)
-        err.print(f"wrote {grid}")
-    if failures:
-        err.print(f"{failures} unreadable query images skipped")
+        log.log(f"wrote {grid}")
+    if skipped:
+        log.warn(f"{skipped} unreadable query images skipped")
+
+
+# Skipped queries held back while none has been answered: past this many they are shown.
+HOLD_SKIPPED = 1000
+
+
+def answer_queries(
+    chunks: Iterator[QueryChunk],
+    writer: HitWriter,
+    strict: bool,
+    pictured: list[tuple[str, str | None, list[tuple[str, str, float]]]] | None,
+) -> int:
+    """Write each chunk's hits as it comes and say which queries were skipped; returns how many
+    were. A skip line waits until some query has been answered: when none can be read, the
+    command fails with one line instead (`--strict`: at the first unreadable image)."""
+    answered, skipped = 0, 0
+    held: list[tuple[str, str]] = []
+    for chunk in chunks:
+        if strict and chunk.failed:
+            raise PactlError("unreadable query image {}: {}".format(*chunk.failed[0]))
+        skipped += len(chunk.failed)
+        answered += len(chunk.names)
+        held += chunk.failed
+        if answered or len(held) > HOLD_SKIPPED:
+            for name, reason in held:
+                err.print(literal(f"skipped query {name}: {reason}"))
+            held = []
+        if chunk.hits:  # none: not even a CSV header before a failure
+            with to_stdout():
+                writer.write(chunk.hits)
+        for name, label, hits in zip(chunk.names, chunk.labels, chunk.hits, strict=True):
+            if pictured is not None and len(pictured) < 32:
+                pictured.append((name, label, [(h.path, h.label, h.score) for h in hits]))
+    with to_stdout():
+        writer.close()
+    if not answered:
+        raise PactlError(no_answer(skipped, held))
+    return skipped
+
+
+def no_answer(skipped: int, held: list[tuple[str, str]]) -> str:
+    """The one line for a query command that answered nothing."""
+    if not skipped:
+        return "no query images: the folders and standard input given named none"
+    if skipped == 1 and held:
+        return "cannot read query image {}: {}".format(*held[0])
+    first = " (first: {}: {})".format(*held[0]) if held else ""
+    return f"none of the {skipped} query images could be read{first}"
+
+
+def check_query_format(images: list[str], fmt: Format | None, paths_only: bool, null: bool) -> None:
+    """Options that would do nothing are refused rather than ignored: --format with
+    --paths-only (bare paths have no format), -0 with neither '-' nor --paths-only."""
+    if paths_only and fmt is not None:
+        raise UsageError("--paths-only writes bare paths; leave out --format")
+    if null and not paths_only and "-" not in images:
+        raise UsageError(
+            "-0 separates the paths read from '-' and those --paths-only writes; "
+            "this command has neither"
+        )
 
 
 def check_query_io(images: list[str], grid: Path | None) -> None:
@@ -798,32 +960,52 @@ def check_query_io(images: list[str], grid: Path | None) -> None:
         check_image_path(grid)
 
 
-def stdin_paths() -> Iterator[Path]:
-    """Paths on stdin, one a line, read as bytes: a name that is not UTF-8 keeps its bytes
-    (os.fsdecode), as a name given on the command line does."""
+def stdin_paths(null: bool = False) -> Iterator[Path]:
+    """Paths on stdin, read as bytes: a name that is not UTF-8 keeps its bytes (os.fsdecode),
+    as a name given on the command line does. One a line, or with `null` NUL-separated (from
+    `find -print0`), where a name may hold a newline too."""
     stream = getattr(sys.stdin, "buffer", sys.stdin)  # tests give a text stream
-    for line in stream:
-        name = os.fsdecode(line) if isinstance(line, bytes) else line
-        if name.strip():
+    for record in nul_records(stream) if null else stream:
+        name = os.fsdecode(record) if isinstance(record, bytes) else record
+        if null:
+            if name:
+                yield Path(name)
+        elif "\0" in name:
+            raise UsageError("standard input holds NUL characters: give -0 for NUL-separated paths")
+        elif name.strip():
             yield Path(name.rstrip("\n"))
 
 
-def query_paths(images: list[str]) -> Any:
-    """Expand '-' (paths on stdin, one per line) and folders (their images), lazily."""
+def nul_records(stream: Any) -> Iterator[Any]:
+    """The NUL-separated records of a binary (or text) stream, read 64 KiB at a time."""
+    pending = stream.read(0)  # b"" or ""
+    separator = b"\0" if isinstance(pending, bytes) else "\0"
+    while chunk := stream.read(1 << 16):
+        *done, pending = (pending + chunk).split(separator)
+        yield from done
+    if pending:
+        yield pending
+
+
+def query_paths(images: list[str], null: bool, follow_links: bool, reporter: Reporter) -> Any:
+    """Expand '-' (paths on stdin) and folders (their images), lazily."""
     from pactl.datasets import list_images
 
     for item in images:
         if item == "-":
-            yield from stdin_paths()
+            yield from stdin_paths(null)
         elif Path(item).is_dir():
-            yield from list_images(Path(item))
+            yield from list_images(Path(item), follow_links=follow_links, reporter=reporter)
         else:
             yield Path(item)
 
 
-@app.command("eval")
+@app.command("eval", short_help="Recall@K, MAP@R, R-precision and NMI of a network.")
 def eval_(
-    source: Annotated[str | None, typer.Argument(help="Dataset name, folder or CSV.")] = None,
+    source: Annotated[
+        str | None,
+        typer.Argument(help="Dataset name, folder or CSV (default: the run's own dataset)."),
+    ] = None,
     checkpoint: Annotated[
         Path | None,
         typer.Option(exists=True, dir_okay=False, help="Default: the latest run's best.pt."),
@@ -833,44 +1015,136 @@ def eval_(
     image_size: BackboneSize = None,
     resize_size: BackboneResize = None,
     ks: Annotated[str | None, typer.Option(help="Recall@K list, e.g. 1,2,4,8.")] = None,
-    report: Annotated[Path, typer.Option(help="CSV to write the metrics to.")] = Path("eval.csv"),
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            help="CSV to write the metrics to (default: eval.csv in the checkpoint's run "
+            "folder, else in the current folder)."
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the report if it exists.")
+    ] = False,
     workers: Workers = 0,
     device: Device = "auto",
+    follow_links: FollowLinks = False,
     quiet: Quiet = False,
 ) -> None:
     """Recall@K, MAP@R, R-precision and NMI of a checkpoint (or of a backbone with no training)
-    on a test split.
+    on a test split; the metrics go to stdout and to a CSV report.
 
-    [bold]Examples[/bold]
+    Examples:
 
-      pactl eval                                    # latest run, its dataset
-
+    \b
+      pactl eval                             # latest run, its dataset
       pactl eval cars196 --checkpoint runs/<run>/best.pt --report cars.csv
-
-      pactl eval my_photos/ --backbone resnet50     # the ImageNet start, for comparison
+      pactl eval my_photos/ --backbone resnet50   # the ImageNet start
     """
     from pactl.pipeline import eval_checkpoint
     from pactl.train import latest_run, resumed_configs
 
+    if source is not None:
+        check_source(source)
     if backbone is None and (checkpoint is None or source is None):
-        run = latest_run(runs_dir())
+        run = run_folder(checkpoint) if checkpoint else latest_run(runs_dir())
+        if run is None:
+            raise UsageError("give the dataset, folder or CSV to evaluate --checkpoint on")
         checkpoint = checkpoint or run / "best.pt"
-        source = source or resumed_configs(run)[0]
+        if source is None:
+            source, _, run_cfg = resumed_configs(run)
+            follow_links = follow_links or run_cfg.follow_links
     if source is None:
         raise UsageError("give the dataset, folder or CSV to evaluate on")
     check_option("--device", device, TRAIN_RULES["device"])
+    report = report or default_report(checkpoint if backbone is None else None)
     check_output(report, "--report", folder=False)
+    check_new_file(report, overwrite)
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     k_list = parse_ks(ks) if ks else PRESETS[source].train.eval_ks if source in PRESETS else None
+    log = reporter(quiet)
     metrics = eval_checkpoint(
-        source, model_from, k_list or (1, 2, 4, 8), device, workers, reporter(quiet)
+        source, model_from, k_list or (1, 2, 4, 8), device, workers, log, follow_links
     )
     with writing(report):
         write_report(report, source, model_from, metrics)
     with to_stdout():
         for key, value in metrics.items():
             out.print(f"{key:12s} {value:.4f}")
-    err.print(f"wrote {report}")
+    log.log(f"wrote {report}")
+
+
+def run_folder(checkpoint: Path | None) -> Path | None:
+    """The run folder a checkpoint lies in (it holds config.json), if any."""
+    if checkpoint is None or not (checkpoint.parent / "config.json").is_file():
+        return None
+    return checkpoint.parent
+
+
+def default_report(checkpoint: Path | None) -> Path:
+    """eval.csv beside the run's metrics.csv, or in the current folder for a checkpoint that
+    is in no run folder (and for a backbone)."""
+    run = run_folder(checkpoint)
+    return run / "eval.csv" if run is not None else Path("eval.csv")
+
+
+def check_new_file(path: Path, overwrite: bool) -> None:
+    """An existing report is replaced only when asked: it may be the only record of a run."""
+    if os.path.lexists(path) and not overwrite:
+        raise PactlError(
+            f"{path} exists; pass --overwrite to replace it, or --report PATH for another file"
+        )
+
+
+class What(str, Enum):
+    backbones = "backbones"
+    presets = "presets"
+    losses = "losses"
+    datasets = "datasets"
+
+
+class ListFormat(str, Enum):
+    text = "text"
+    tsv = "tsv"
+    csv = "csv"
+    json = "json"
+
+
+@app.command("list", short_help="List backbones, presets, losses or datasets.")
+def list_(
+    what: Annotated[What, typer.Argument(help="The registry to show.")],
+    fmt: Annotated[
+        ListFormat | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="text: aligned columns under a header; tsv: tab-separated, no header; csv: "
+            "with a header; json: a list of objects (default: text on a terminal, tsv in a "
+            "pipe).",
+        ),
+    ] = None,
+) -> None:
+    """The names pactl knows: values of --backbone, --preset and --loss, and the datasets of
+    pactl download (with whether each is present).
+
+    Examples:
+
+    \b
+      pactl list backbones
+      pactl list presets --format json
+      pactl list datasets | cut -f1
+    """
+    show_list(what, fmt)
+
+
+def show_list(what: What, fmt: ListFormat | None) -> None:
+    from pactl.output import format_rows
+    from pactl.pipeline import registry_rows
+
+    chosen = fmt or (ListFormat.text if out.is_terminal else ListFormat.tsv)
+    text = format_rows(*registry_rows(what.value), chosen.value)
+    with to_stdout():
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
 
 @contextmanager
@@ -959,13 +1233,13 @@ def main() -> None:
     try:
         app()
     except UsageError as e:
-        err.print(f"error: {e}", highlight=False, markup=False)
+        err.print(literal(f"error: {e}"))  # names, paths and reasons: shown, never markup
         sys.exit(2)
     except PactlError as e:
-        err.print(f"error: {e}", highlight=False, markup=False)
+        err.print(literal(f"error: {e}"))
         sys.exit(1)
     except KeyError as e:  # registries list their choices in the message
-        err.print(f"error: {e.args[0] if e.args else e}", highlight=False, markup=False)
+        err.print(literal(f"error: {e.args[0] if e.args else e}"))
         sys.exit(2)
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (`| head`): nothing more to say

@@ -63,6 +63,7 @@ class TrainConfig:
     amp: str = "none"  # none | bf16 | fp16 autocast; the loss always runs in float32
     channels_last: bool = True  # NHWC memory layout for convolutions (much faster on CPUs too)
     compile: bool = False  # torch.compile the model
+    follow_links: bool = False  # read images through links that lead out of the source folder
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,7 @@ TRAIN_RULES: dict[str, Rule] = {
     "amp": choice("none", "bf16", "fp16"),
     "channels_last": flag(),
     "compile": flag(),
+    "follow_links": flag(),
 }
 
 

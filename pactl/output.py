@@ -123,3 +123,23 @@ class HitWriter:
 
     def close(self) -> None:
         self.stream.flush()
+
+
+def format_rows(header: list[str], rows: list[list[str]], fmt: str) -> str:
+    """A listing (`pactl list`) as `fmt`: text (aligned columns under a header, for people),
+    tsv (tab-separated, no header: for `cut -f1`), csv (a header, then rows) or json (a list of
+    objects, one per row)."""
+    if fmt == "json":
+        return json.dumps([dict(zip(header, row, strict=True)) for row in rows], indent=2) + "\n"
+    if fmt == "csv":
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
+        return buffer.getvalue()
+    if fmt == "tsv":
+        return "".join("\t".join(row) + "\n" for row in rows)
+    shown = [[visible(cell) for cell in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in shown) for i in range(len(header))]
+    return "".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
+        for row in shown
+    )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pactl.config import IndexConfig, ModelConfig, read_config
+from pactl.config import IndexConfig, ModelConfig, Preset, read_config
 from pactl.console import Reporter
 from pactl.errors import PactlError
 
@@ -359,9 +359,14 @@ def index_images(
 
 
 def index_latest_run(
-    runs: Path, config: IndexConfig, device_name: str, reporter: Reporter
+    runs: Path,
+    config: IndexConfig,
+    device_name: str,
+    reporter: Reporter,
+    follow_links: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
-    """Right after `pactl train NAME`: index that dataset's test (gallery) images."""
+    """Right after `pactl train NAME`: index that dataset's test (gallery) images, following
+    links where asked or where the run itself followed them."""
     from pactl.datasets import load_source
     from pactl.train import latest_run, resumed_configs
 
@@ -369,11 +374,14 @@ def index_latest_run(
     best = run / "best.pt"
     if not best.is_file():
         raise PactlError(f"{run} has no best.pt yet: let training finish an evaluated epoch")
-    source, _, _ = resumed_configs(run)
-    manifest = load_source(source, reporter)
+    source, _, cfg = resumed_configs(run)
+    follow = follow_links or cfg.follow_links
+    manifest = load_source(source, reporter, follow_links=follow)
     split = "gallery" if manifest.has_split("gallery") else "test"
     reporter.log(f"indexing the {split} split of {source} with {best}")
-    return index_images(source, best, run / "index", split, config, device_name, reporter)
+    return index_images(
+        source, best, run / "index", split, config, device_name, reporter, follow_links=follow
+    )
 
 
 def find_bundle(runs: Path) -> Path:
@@ -391,7 +399,7 @@ def find_bundle(runs: Path) -> Path:
 class QueryChunk:
     names: list[str]  # the queries of this chunk that were embedded
     hits: list[list[Any]]  # per query, its pactl.search.Hit rows
-    failed: list[tuple[str, str]]  # (query, reason) of unreadable query images
+    failed: list[tuple[str, str]]  # (query, reason without the path) of unreadable images
     labels: list[str | None]  # a query's label when it is itself an indexed item
 
 
@@ -443,9 +451,14 @@ def query_chunks(
         names = [str(batch[i]) for i in done.rows]
         own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
         scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
-        failed = [(str(batch[i]), reason) for i, reason in done.failed]
+        failed = [(str(batch[i]), _reason(str(batch[i]), why)) for i, why in done.failed]
         labels = [_item_label(bundle, int(i)) for i in own]
         yield QueryChunk(names, hits(bundle, names, scores, ids), failed, labels)
+
+
+def _reason(name: str, message: str) -> str:
+    """An ImageError's message begins with the image's path: the reason alone, to show once."""
+    return message.removeprefix(f"{name}: ")
 
 
 def _item_label(bundle: Any, item_id: int) -> str | None:
@@ -480,3 +493,55 @@ def eval_checkpoint(
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
     return evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+
+
+def registry_rows(what: str) -> tuple[list[str], list[list[str]]]:
+    """`pactl list WHAT`: a header and one row per name the registry knows, in its order."""
+    return _LISTINGS[what]()
+
+
+def _backbone_rows() -> tuple[list[str], list[list[str]]]:
+    from pactl.backbones import BACKBONES
+
+    return ["name"], [[name] for name in BACKBONES] + [["timm:<model>"]]
+
+
+def _preset_rows() -> tuple[list[str], list[list[str]]]:
+    from pactl.config import PRESETS
+
+    header = ["name", "backbone", "weights", "image_size", "epochs", "batch_size", "lr", "loss"]
+    return [*header, "source"], [_preset_row(name, p) for name, p in PRESETS.items()]
+
+
+def _preset_row(name: str, preset: Preset) -> list[str]:
+    model, train = preset.model, preset.train
+    sizes = [str(model.image_size), str(train.epochs), str(train.batch_size), f"{train.lr:g}"]
+    return [name, model.backbone, model.weights, *sizes, train.loss, preset.source]
+
+
+def _loss_rows() -> tuple[list[str], list[list[str]]]:
+    from pactl.losses import LOSSES
+
+    return ["name"], [[name] for name in LOSSES]
+
+
+def _dataset_rows() -> tuple[list[str], list[list[str]]]:
+    from pactl.datasets.catalog import CATALOG, status_rows
+
+    def how(name: str, manual: bool) -> str:
+        return "bundled" if CATALOG[name].offline else "--from (manual)" if manual else "download"
+
+    header = ["name", "size", "classes", "images", "present", "how", "licence"]
+    return header, [
+        [row.name, row.size, str(row.classes), str(row.images), "yes" if row.present else "no"]
+        + [how(row.name, row.manual), row.licence]
+        for row in status_rows()
+    ]
+
+
+_LISTINGS = {
+    "backbones": _backbone_rows,
+    "presets": _preset_rows,
+    "losses": _loss_rows,
+    "datasets": _dataset_rows,
+}

@@ -78,6 +78,11 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         raise PactlError(f"run folder {run_dir} exists and is not a folder")
     if run_dir.exists() and any(run_dir.iterdir()):
         if resume:
+            if not (run_dir / "checkpoint.pt").is_file():
+                raise PactlError(
+                    f"nothing to resume in {run_dir}: no epoch finished there; start it again "
+                    "with the same command and --overwrite"
+                )
             return
         if not overwrite:
             raise PactlError(
@@ -547,7 +552,7 @@ def fit(
         start, state = restore_state(t, run_dir)
         truncate_metrics(run_dir / "metrics.csv", start)
         reporter.log(f"resuming {run_dir} after epoch {start}")
-    elif world.is_main:
+    if world.is_main:  # on resume too: config.json says what the run is doing now (--epochs)
         info = run_config(source, manifest, t.model_cfg, cfg, classes)
         with writing_in(run_dir):
             atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
@@ -790,11 +795,18 @@ def health_warnings(row: dict[str, Any], start: dict[str, Any]) -> list[str]:
 
 
 def latest_run(runs: Path) -> Path:
-    """The most recently started run folder under `runs` (by its config.json)."""
-    candidates = [p.parent for p in runs.glob("*/config.json")]
-    if not candidates:
+    """The most recently started run under `runs` that has finished an epoch (checkpoint.pt):
+    a run stopped in its first epoch has nothing to resume, evaluate or index."""
+    started = [p.parent for p in runs.glob("*/config.json")]
+    if not started:
         raise PactlError(f"no runs under {runs}/: train one first with `pactl train NAME`")
-    return max(candidates, key=lambda p: (p / "config.json").stat().st_mtime)
+    finished = [p for p in started if (p / "checkpoint.pt").is_file()]
+    if not finished:
+        raise PactlError(
+            f"no run under {runs}/ has finished an epoch yet ({len(started)} started): "
+            "let one train for an epoch"
+        )
+    return max(finished, key=lambda p: (p / "config.json").stat().st_mtime)
 
 
 def resumed_configs(run_dir: Path) -> tuple[str, ModelConfig, TrainConfig]:

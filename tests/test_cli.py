@@ -44,7 +44,7 @@ def test_every_verb_has_help_with_examples(
         (["train", "no_such_folder"], "neither a known dataset", 1),
         (["train", "EMPTY"], "has no images", 1),
         (["train", "BAD.csv"], "lacks the column", 1),
-        (["download", "no_such_set"], "unknown dataset", 1),
+        (["download", "no_such_set"], "unknown dataset", 2),
         (["train", "IMGS", "--backbone", "nonet", "--epochs", "1"], "unknown backbone", 2),
         (["embed", "IMGS", "--checkpoint", "NOTCKPT.pt"], "truncated or not a torch file", 1),
         (["embed", "IMGS", "--checkpoint", "OTHER.pt"], "not a pactl checkpoint", 1),

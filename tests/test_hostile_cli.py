@@ -436,7 +436,7 @@ def test_eval_report_is_written_atomically(
     tiny_checkpoint(tmp_path / "best.pt")
     (tmp_path / "eval.csv").write_text("the previous report\n")
     args = ["eval", str(tmp_path / "imgs"), "--checkpoint", str(tmp_path / "best.pt")]
-    code, _, err = run_cli([*args, "--quiet"], monkeypatch, capsys)
+    code, _, err = run_cli([*args, "--quiet", "--overwrite"], monkeypatch, capsys)
     assert code == 0, err
     assert read_csv(tmp_path / "eval.csv")[0]["dataset"] == str(tmp_path / "imgs")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -233,8 +233,8 @@ def test_query_of_a_fifo_is_skipped_not_a_hang(
     assert run_cli(["index", "--quiet"], monkeypatch, capsys)[0] == 0
     os.mkfifo(tmp_path / "x.jpg")
     done = _pactl(["query", "x.jpg", "--k", "2", "--quiet"], tmp_path)
-    assert done.returncode == 0 and done.stdout == "", done.stderr
-    assert "x.jpg: not a regular file (a FIFO)" in done.stderr
+    assert done.returncode == 1 and done.stdout == "", done.stderr  # no query could be read
+    assert done.stderr == "error: cannot read query image x.jpg: not a regular file (a FIFO)\n"
     assert "Traceback" not in done.stderr
 
 
