@@ -39,7 +39,7 @@ from typing import Protocol
 from pactl import __version__
 from pactl.console import Advance, Reporter, visible
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_path, atomic_write_text
+from pactl.fsutil import FULL_DISK, atomic_path, atomic_write_text
 
 CHUNK = 1 << 20
 # Base URLs (space or comma separated) tried before the catalog's own addresses, for a local
@@ -596,7 +596,7 @@ def writing_to(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if e.errno in FULL_DISK:
             raise DiskError(
                 f"no space left on the device writing {path}; free some space and run again"
             ) from None

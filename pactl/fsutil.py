@@ -62,9 +62,12 @@ def _umask() -> int:
     return mask
 
 
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # a full device, or a user's quota spent
+
+
 def no_space(error: BaseException, what: Path) -> PactlError | None:
     """The one-line error for a full disk (or quota), or None for any other failure."""
-    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(error, OSError) and error.errno in FULL_DISK:
         return PactlError(
             f"no space left on the device writing {what}; the previous output is kept, "
             "free some space and run again"
