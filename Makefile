@@ -11,7 +11,7 @@ PACTL := PACTL_HOME=$(DEMO_HOME) $(BIN)/pactl
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[test,dev,serve]'
 	touch $(STAMP)
 
 install: $(STAMP)
