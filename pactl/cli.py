@@ -412,6 +412,7 @@ def train(
     else:
         if source is None:
             raise UsageError("give a dataset name, folder or CSV to train on (or --resume)")
+        check_source(source)
         if preset and preset not in PRESETS:
             raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
         chosen = preset_for(source, preset, resolve_device(device or "auto").type)
@@ -489,8 +490,9 @@ def train(
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
     chooser = {"val": "validation Recall@1", "test": "test Recall@1", "last": "last epoch"}
     with to_stdout():
-        out.print(f"run: {result.run_dir}")
-        out.print(f"best epoch {result.best_epoch} (by {chooser[result.selection]}): {best}")
+        out.print(literal(f"run: {result.run_dir}"))
+        chosen_by = chooser[result.selection]
+        out.print(literal(f"best epoch {result.best_epoch} (by {chosen_by}): {best}"))
 
 
 @contextmanager
@@ -761,6 +763,13 @@ def index(
     if source is None:
         bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log, follow_links)
     elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
+        images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint}
+        images_only |= {"--backbone": backbone, "--split": split}
+        for flag in [flag for flag, given in images_only.items() if given]:
+            raise UsageError(
+                f"{flag} is for indexing images; {source} holds vectors already embedded "
+                "(`pactl embed` takes it)"
+            )
         if out_dir is not None:
             check_apart(Path(source), out_dir)
         bundle, meta = pipeline.index_vectors(Path(source), out_dir, config, log)

@@ -7,6 +7,8 @@ PROGRESS_EVERY seconds instead, and work shorter than that writes none.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from time import monotonic
@@ -30,8 +32,22 @@ PROGRESS_EVERY = 10.0
 
 # Created once per process by the CLI; library code receives them as arguments.
 # No file= argument: rich then writes to whatever sys.stdout / sys.stderr is at print time.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+
+
+class _Console(Console):
+    """rich's Console, except that a reader going away (`pactl query | head`) is a normal end:
+    exit 0 with nothing more said, as for the csv and jsonl formats, where rich exits 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        stream = sys.stderr if self.stderr else sys.stdout
+        os.dup2(devnull, stream.fileno())  # later writes (and the exit's flush) go nowhere
+        raise SystemExit(0)
+
+
+out = _Console(soft_wrap=True)
+err = _Console(stderr=True, soft_wrap=True)
 
 
 # Characters whose escape has a name; everything else that needs one is written in hex.

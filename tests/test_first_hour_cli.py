@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import make_class_folder, read_csv, run_cli
 from test_hostile_cli import one_error, tiny_checkpoint
@@ -412,3 +413,21 @@ def test_help_of_every_verb_is_whole_at_any_width(
     code, out, _ = run_cli(["--help"], monkeypatch, capsys)
     assert code == 0 and all(len(line) <= columns for line in out.splitlines())
     assert all(verb in out for verb in verbs())
+
+
+@pytest.mark.parametrize(
+    "extra", [["--follow-links"], ["--checkpoint", "x.pt"], ["--backbone", "resnet18"]]
+)
+def test_image_options_on_a_vectors_folder_are_refused(
+    extra: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "vec").mkdir()
+    (tmp_path / "x.pt").write_bytes(b"")
+    np.save(tmp_path / "vec" / "vectors.npy", np.eye(4, dtype=np.float32))
+    code, out, err = run_cli(["index", str(tmp_path / "vec"), *extra], monkeypatch, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{extra[0]} is for indexing images" in err
+    assert not (tmp_path / "vec" / "index.faiss").exists()

@@ -118,3 +118,22 @@ def test_a_failed_start_leaves_no_run_folder(
     assert first[0] in (1, 2) and first[2].count("\n") == 1, first
     assert not (tmp_path / "runs" / "f").exists()
     assert run_cli(args, monkeypatch, capsys)[2] == first[2]  # the same error, not a used folder
+
+
+def test_the_run_line_shows_a_name_with_brackets_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=5, per_class=4)
+    args = ["train", str(imgs), *TINY, "--epochs", "1", "--name", "a[bold]b", "-q"]
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert out.splitlines()[0] == f"run: {tmp_path / 'runs' / 'a[bold]b'}"  # not markup
+    assert (tmp_path / "runs" / "a[bold]b" / "best.pt").is_file()
+
+
+def test_a_missing_source_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["train", str(tmp_path / "nowhere")], monkeypatch, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "neither a known dataset" in err and not (tmp_path / "runs").exists()
