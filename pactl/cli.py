@@ -18,7 +18,9 @@ from typer.core import TyperGroup
 
 from pactl import __version__
 from pactl.config import (
+    COMMIT_EVERY,
     MAX_BATCH_SIZE,
+    MAX_COMMIT_EVERY,
     MAX_K,
     MAX_WORKERS,
     PRESETS,
@@ -630,13 +632,23 @@ def embed(
     shard: Annotated[
         str | None, typer.Option(help="Embed slice i of n ('i/n', 0-based; 'auto' under torchrun).")
     ] = None,
+    commit_every: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_COMMIT_EVERY,
+            help="Images between progress commits: a stopped embed goes on from the last one.",
+        ),
+    ] = COMMIT_EVERY,
     follow_links: FollowLinks = False,
     quiet: Quiet = False,
 ) -> None:
     """Embed images into vectors.npy (float32, L2-normalised), items.csv and meta.json.
 
     Unreadable images are skipped and listed in skipped.csv. Run again into the same folder,
-    only new or changed files (path, size, modification time) are embedded.
+    only new or changed files (path, size, modification time) are embedded. Progress is
+    committed every --commit-every images: after a kill or Ctrl-C, the same command goes on
+    from the last commit.
 
     Examples:
 
@@ -655,7 +667,7 @@ def embed(
     check_output(out_dir, "--out", folder=True)
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     log = reporter(quiet)
-    with on_interrupt(lambda: "nothing half-written was kept; run the same command again"):
+    with on_interrupt(lambda: "run the same command again to go on from the last commit"):
         meta = embed_source(
             source,
             model_from,
@@ -668,6 +680,7 @@ def embed(
             amp.value,
             shard,
             follow_links=follow_links,
+            commit_every=commit_every,
         )
     fresh = f", {meta['embedded']} embedded now" if "embedded" in meta else ""
     with to_stdout():

@@ -20,7 +20,7 @@ from torch import nn
 
 from pactl import __version__, records
 from pactl.checkpoint import Network
-from pactl.config import ModelConfig, read_config, to_dict
+from pactl.config import COMMIT_EVERY, ModelConfig, read_config, to_dict
 from pactl.console import Advance, Reporter
 from pactl.errors import PactlError, UsageError
 from pactl.fsutil import (
@@ -214,7 +214,6 @@ def embed_files(
 
 
 ITEMS_COLUMNS = ("id", "path", "label", "size", "mtime_ns")
-COMMIT_EVERY = 4096  # images between progress commits of an embed (a kill loses at most these)
 PROGRESS_PREFIX = ".pactl-progress-"
 MAX_SHARDS = 99_999  # shard names have five digits
 
@@ -372,7 +371,9 @@ def embed_to_folder(
         fresh_path = gen / ".fresh.npy"  # the new vectors, removed once assembled
         fresh = _open_npy(fresh_path, (len(todo), dim))
         todo_files = [files[i] for i in todo.tolist()]
-        progress = Progress.open(out_dir, network.fingerprint, todo_files, stats_of(stats, todo))
+        progress = Progress.open(
+            out_dir, network.fingerprint, todo_files, stats_of(stats, todo), commit_every
+        )
         result = progress.embed(
             model, model_config, device, reporter, batch_size, workers, amp, fresh, commit_every
         )
@@ -424,18 +425,24 @@ def stats_of(stats: list[tuple[int, int]], rows: np.ndarray) -> list[tuple[int, 
 class Progress:
     """Committed progress of one embed job: a hidden folder `.pactl-progress-<key>/` of the
     output folder, one file per `commit_every` images (their vectors, which decoded, which
-    failed and why), each written atomically. The key hashes the model's fingerprint and the
-    job's files with their sizes and modification times, so progress is only ever reused for
-    the same job; any other job's progress is removed when this one starts."""
+    failed and why), each written atomically. The key hashes the model's fingerprint, the chunk
+    size and the job's files with their sizes and modification times, so progress is only ever
+    reused for the same job cut the same way; any other job's progress is removed when this one
+    starts."""
 
     folder: Path
     files: Sequence[Path]
 
     @classmethod
     def open(
-        cls, out_dir: Path, fingerprint: str, files: Sequence[Path], stats: list[tuple[int, int]]
+        cls,
+        out_dir: Path,
+        fingerprint: str,
+        files: Sequence[Path],
+        stats: list[tuple[int, int]],
+        commit_every: int = COMMIT_EVERY,
     ) -> Progress:
-        digest = hashlib.sha256(fingerprint.encode())
+        digest = hashlib.sha256(f"{fingerprint}\0{commit_every}\0".encode())
         for f, (size, mtime) in zip(files, stats, strict=True):
             digest.update(os.fsencode(os.path.abspath(f)) + f"\0{size}\0{mtime}\0".encode())
         folder = out_dir / f"{PROGRESS_PREFIX}{digest.hexdigest()[:16]}"

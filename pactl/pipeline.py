@@ -53,11 +53,13 @@ def embed_source(
     amp: str = "none",
     shard: str | None = None,
     follow_links: bool = False,
+    commit_every: int | None = None,
 ) -> dict[str, Any]:
     """Embed a source with a checkpoint or a backbone (`model_from`) into `out_dir`, or with
     `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
-    in the whole (sorted) input list."""
-    from pactl.embed import Shard, parse_shard
+    in the whole (sorted) input list. Progress is committed every `commit_every` images
+    (default pactl.embed.COMMIT_EVERY)."""
+    from pactl.embed import COMMIT_EVERY, Shard, parse_shard
 
     part = parse_shard(shard) if shard else Shard()  # a usage mistake before any listing
     files, labels = source_items(source, split, reporter, follow_links)
@@ -78,6 +80,7 @@ def embed_source(
         workers,
         batch_size,
         amp,
+        commit_every=commit_every or COMMIT_EVERY,
     )
 
 
@@ -298,11 +301,12 @@ def embed_source_files(
     batch_size: int = 128,
     amp: str = "none",
     scratch: bool = False,
+    commit_every: int | None = None,
 ) -> dict[str, Any]:
     """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network
     (`scratch`: into a private folder, pactl.embed.embed_to_folder)."""
     from pactl.checkpoint import open_network
-    from pactl.embed import embed_to_folder, resolve_device
+    from pactl.embed import COMMIT_EVERY, embed_to_folder, resolve_device
 
     model, network = open_network(model_from)
     device = resolve_device(device_name)
@@ -320,6 +324,7 @@ def embed_source_files(
         workers=workers,
         amp=amp,
         scratch=scratch,
+        commit_every=commit_every or COMMIT_EVERY,
     )
 
 

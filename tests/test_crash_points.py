@@ -38,7 +38,8 @@ MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
 # run would spend seconds importing torch, dozens of times. Fork happens before any thread pool.
 ZYGOTE = r"""
 import json, os, sys
-import pactl.cli, pactl.embed, pactl.index, pactl.pipeline, pactl.backbones
+import pactl.cli, pactl.embed, pactl.index, pactl.pipeline, pactl.backbones, pactl.model
+import pactl.checkpoint, pactl.timm_backbone, timm, torchvision
 for line in sys.stdin:
     jobs, pids = json.loads(line), []
     for job in jobs:

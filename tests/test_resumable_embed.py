@@ -103,3 +103,133 @@ def test_progress_of_another_job_is_not_reused(
     )
     run(job, out)
     assert sum(calls) == len(job["files"])  # everything embedded again
+
+
+def test_progress_cut_another_way_is_not_reused(
+    job: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run(job, tmp_path / "whole", commit_every=4)
+    want_vectors, want_items, _ = read_embedded(tmp_path / "whole")
+    real = embed_module.embed_files
+    calls: list[int] = []
+
+    def stopping(model: Any, files: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(files))
+        if len(calls) == 3:  # two chunks of 6 committed
+            raise Killed
+        return real(model, files, *args, **kwargs)
+
+    monkeypatch.setattr(embed_module, "embed_files", stopping)
+    out = tmp_path / "out"
+    with pytest.raises(Killed):
+        run(job, out, commit_every=6)
+    monkeypatch.undo()
+    calls.clear()
+    monkeypatch.setattr(
+        embed_module, "embed_files", lambda *a, **k: (calls.append(len(a[1])), real(*a, **k))[1]
+    )
+    run(job, out, commit_every=4)  # chunk 1 of 4 is not chunk 1 of 6: all embedded again
+    assert sum(calls) == len(job["files"])
+    vectors, items, _ = read_embedded(out)
+    assert items.paths.tolist() == want_items.paths.tolist()
+    np.testing.assert_allclose(vectors, want_vectors, atol=1e-6)
+
+
+# A parent that imports pactl once and forks one `pactl` child per line of stdin, printing the
+# child's pid at once and its exit status when it ends (-9: killed). A fresh interpreter per run
+# would spend seconds importing torch before any image is embedded.
+FORKER = r"""
+import json, os, sys, time
+import pactl.cli, pactl.embed, pactl.pipeline, pactl.backbones, pactl.model, pactl.checkpoint
+import pactl.timm_backbone, timm, torchvision
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1); os.dup2(log, 2)
+        sys.argv = ["pactl", *job["args"]]
+        code = 0
+        try:
+            pactl.cli.main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(code)
+    start = time.monotonic()
+    print(pid, flush=True)
+    _, status = os.waitpid(pid, 0)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    print(json.dumps([code, time.monotonic() - start]), flush=True)
+"""
+
+
+def test_embed_killed_at_random_moments_ends_as_one_uninterrupted_run(tmp_path: Path) -> None:
+    import contextlib
+    import json
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pactl.fsutil import GENERATION_PREFIX
+
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=8, size=24)
+    model = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
+    forker = subprocess.Popen(
+        [sys.executable, "-c", FORKER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        text=True,
+    )
+    pipe_in, pipe_out = forker.stdin, forker.stdout
+    assert pipe_in is not None and pipe_out is not None
+
+    def start(out: Path, log: Path) -> int:
+        args = ["embed", str(imgs), *model, "--out", str(out), "--batch-size", "2"]
+        pipe_in.write(json.dumps({"args": [*args, "--commit-every", "4"], "log": str(log)}))
+        pipe_in.write("\n")
+        pipe_in.flush()
+        return int(pipe_out.readline())
+
+    def end(log: Path) -> int:
+        code = int(json.loads(pipe_out.readline())[0])
+        assert code in (0, -signal.SIGKILL), log.read_text()
+        return code
+
+    def commits(out: Path) -> int:
+        return sum(1 for _ in out.glob(f"{PROGRESS_PREFIX}*/*.npz"))
+
+    out, rng, logs = tmp_path / "killed", random.Random(7), []
+    try:
+        start(tmp_path / "whole", tmp_path / "whole.log")
+        assert end(tmp_path / "whole.log") == 0
+        for attempt in range(2):  # each run is killed a random moment after its 2nd new commit
+            logs.append(tmp_path / f"{attempt}.log")
+            before, pid = commits(out), start(out, logs[-1])
+            deadline = time.monotonic() + 60
+            while commits(out) < before + 2 and time.monotonic() < deadline:
+                time.sleep(0.002)
+            time.sleep(rng.uniform(0, 0.05))
+            with contextlib.suppress(ProcessLookupError):  # it may have finished already
+                os.kill(pid, signal.SIGKILL)
+            assert end(logs[-1]) == -signal.SIGKILL, "the embed ended before it was killed"
+        logs.append(tmp_path / "last.log")
+        start(out, logs[-1])
+        assert end(logs[-1]) == 0
+    finally:
+        forker.kill()
+        forker.wait()
+    for log in logs[1:]:  # every run after the first went on from the commits before it
+        assert "going on from" in log.read_text(), log.read_text()
+    want_vectors, want_items, _ = read_embedded(tmp_path / "whole")
+    vectors, items, _ = read_embedded(out)
+    assert items.paths.tolist() == want_items.paths.tolist()
+    assert items.ids.tolist() == want_items.ids.tolist()
+    np.testing.assert_allclose(np.asarray(vectors), np.asarray(want_vectors), atol=1e-6)
+    hidden = sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+    assert not [h for h in hidden if h.startswith(PROGRESS_PREFIX)]  # progress cleared
+    assert len([h for h in hidden if h.startswith(GENERATION_PREFIX)]) == 1
