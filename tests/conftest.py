@@ -108,6 +108,16 @@ def run_cli(
     return code, captured.out, captured.err
 
 
+def one_error(err: str) -> str:
+    """The single line of stderr, which must be an error line and no traceback (warnings, shown
+    even with --quiet, say something of the result and are not errors)."""
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("warning:")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
 def read_csv(path: Path) -> list[dict[str, str]]:
     import csv
 

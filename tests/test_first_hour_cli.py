@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_class_folder, read_csv, run_cli
-from test_hostile_cli import one_error, tiny_checkpoint
+from conftest import make_class_folder, one_error, read_csv, run_cli
+from test_hostile_cli import tiny_checkpoint
 
 # An untrained backbone as the network: no checkpoint needed, a fraction of a second.
 SMALL = ["--backbone", "small", "--weights", "none", "--image-size", "16", "--resize-size", "16"]

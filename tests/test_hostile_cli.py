@@ -17,19 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TINY, fill, make_class_folder, read_csv, run_cli, train_tiny
+from conftest import TINY, fill, make_class_folder, one_error, read_csv, run_cli, train_tiny
 
 from pactl import checkpoint as ckpt
-
-
-def one_error(err: str) -> str:
-    """The single line of stderr, which must be an error line and no traceback (warnings, shown
-    even with --quiet, say something of the result and are not errors)."""
-    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("warning:")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def tiny_checkpoint(path: Path) -> dict[str, Any]:
