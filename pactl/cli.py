@@ -776,8 +776,8 @@ def index(
     if source is None:
         bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log, follow_links)
     elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
-        images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint}
-        images_only |= {"--backbone": backbone, "--split": split}
+        images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint is not None}
+        images_only |= {"--backbone": backbone is not None, "--split": split is not None}
         for flag in [flag for flag, given in images_only.items() if given]:
             raise UsageError(
                 f"{flag} is for indexing images; {source} holds vectors already embedded "

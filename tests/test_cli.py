@@ -41,7 +41,7 @@ def test_every_verb_has_help_with_examples(
 @pytest.mark.parametrize(
     ("args", "message", "exit_code"),
     [
-        (["train", "no_such_folder"], "neither a known dataset", 1),
+        (["train", "no_such_folder"], "neither a known dataset", 2),
         (["train", "EMPTY"], "has no images", 1),
         (["train", "BAD.csv"], "lacks the column", 1),
         (["download", "no_such_set"], "unknown dataset", 2),
