@@ -724,9 +724,27 @@ def index(
     add: Annotated[
         Path | None,
         typer.Option(
-            exists=True, file_okay=False, help="Append SOURCE's new images to this bundle."
+            exists=True,
+            file_okay=False,
+            help="Append SOURCE's new images to this bundle, and replace those whose file "
+            "changed (size or mtime); images gone from SOURCE stay (see --delete).",
         ),
     ] = None,
+    delete: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--delete",
+            metavar="ID_OR_PATH",
+            help="Delete an item (its id, or its image's path) from the bundle SOURCE; "
+            "repeatable; '-' reads one a line from stdin. Searches skip it at once.",
+        ),
+    ] = None,
+    compact: Annotated[
+        bool,
+        typer.Option(
+            "--compact", help="Remove the deleted items from the bundle SOURCE's index for real."
+        ),
+    ] = False,
     on_disk: Annotated[
         OnDisk,
         typer.Option(
@@ -746,6 +764,10 @@ def index(
 
     With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
 
+    --delete marks items deleted (searches skip them at once); --compact, or the next build
+    from a vectors folder, removes them from the index. An integer names an id: give a
+    file named like one as ./123.
+
     Examples:
 
     \b
@@ -755,6 +777,9 @@ def index(
       pactl index photos/ --backbone resnet50 --out baseline/   # no training
       pactl index vectors/ --on-disk yes --factory IVF4096,Flat
       pactl index new_photos/ --add runs/<run>/index      # no rebuild
+      pactl index my_index/ --delete 42 --delete photos/old.jpg
+      find gone/ -name '*.jpg' | pactl index my_index/ --delete -
+      pactl index my_index/ --compact      # drop deleted items from the index
     """
     from pactl import pipeline
 
@@ -766,12 +791,17 @@ def index(
         check_output(out_dir, "--out", folder=True)
     if source is not None:
         check_source(source)
+    if delete or compact:
+        return keep_bundle(source, delete or [], compact, add, log)
     if add is not None:
         if source is None:
             raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
         done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
+        replaced = f" and replaced {done['replaced']} changed ones" if done["replaced"] else ""
         with to_stdout():
-            out.print(literal(f"added {done['added']} items to {add} ({done['count']} in all)"))
+            out.print(
+                literal(f"added {done['added']} items{replaced} to {add} ({done['count']} in all)")
+            )
         return
     if source is None:
         bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log, follow_links)
@@ -799,6 +829,35 @@ def index(
     with to_stdout():
         factory = meta.get("factory", "?")
         out.print(literal(f"indexed {meta['count']} items ({factory}) in {bundle}"))
+
+
+def keep_bundle(
+    bundle: str | None, delete: list[str], compact: bool, add: Path | None, log: Reporter
+) -> None:
+    """`pactl index BUNDLE --delete ID_OR_PATH... [--compact]`: tombstones, then compaction."""
+    from pactl.index import bundle_count, compact_bundle, delete_items
+
+    if bundle is None:
+        raise UsageError("--delete and --compact need the bundle: pactl index BUNDLE --delete ID")
+    if add is not None:
+        raise UsageError("--add does not go with --delete or --compact: run them one after another")
+    names = [str(p) for name in delete for p in (stdin_paths() if name == "-" else [name])]
+    if delete and not names:
+        raise PactlError("--delete - read no ids or paths from standard input")
+    ids = [int(name) for name in names if re.fullmatch(r"[0-9]+", name)]
+    paths = [name for name in names if not re.fullmatch(r"[0-9]+", name)]
+    lines = []
+    if names:
+        n = delete_items(Path(bundle), ids, paths, log)
+        lines.append(f"deleted {n} items from {bundle} ({bundle_count(Path(bundle))} left)")
+    if compact:
+        done = compact_bundle(Path(bundle), log)
+        lines.append(
+            f"compacted {bundle}: removed {done['removed']} deleted items ({done['count']} in all)"
+        )
+    with to_stdout():
+        for line in lines:
+            out.print(literal(line))
 
 
 def check_apart(vectors: Path, bundle: Path) -> None:

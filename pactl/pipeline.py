@@ -226,7 +226,9 @@ def add_to_index(
     workers: int = 0,
     follow_links: bool = False,
 ) -> dict[str, Any]:
-    """Embed the images of `source` that the bundle lacks with its own model and append them."""
+    """Embed the images of `source` that the bundle lacks, or holds from before their file
+    changed (size or mtime), with its own model and append them; a changed file's old item is
+    deleted in the same new generation. Files gone from `source` are not deleted."""
     from pactl.fsutil import remove_stale, writer_lock
     from pactl.index import check_folder, load_bundle
 
@@ -252,13 +254,12 @@ def _add_locked(
 ) -> dict[str, Any]:
     from pactl.index import add_to_bundle, bundle_count
 
-    known = set(bundle.items.paths.tolist())
-    new = [
-        (f, lab) for f, lab in zip(files, labels, strict=True) if os.path.abspath(f) not in known
-    ]
+    new, changed = _to_embed(files, labels, bundle)
     if not new:
-        reporter.log(f"every image of {source} is already in {bundle_dir}")
-        return {"added": 0, "count": bundle.index.ntotal}
+        reporter.log(f"every image of {source} is already in {bundle_dir}, unchanged")
+        return {"added": 0, "replaced": 0, "count": bundle.live_count}
+    if changed:
+        reporter.log(f"{len(changed)} images changed since they were indexed: replacing them")
     scratch = bundle_dir / ".add"
     first = bundle.items.max_id() + 1
     ids = np.arange(first, first + len(new), dtype=np.int64)
@@ -280,13 +281,48 @@ def _add_locked(
             scratch=True,
         )
         vectors, items, meta = gather_vectors(scratch)
-        rows = list(
-            zip(items.ids.tolist(), items.paths.tolist(), items.labels.tolist(), strict=True)
+        # Only a changed file that was embedded again loses its old vector (one unreadable now
+        # keeps it); old and new change places in one generation.
+        replaces = [changed[k] for k in map(os.path.abspath, items.paths) if k in changed]
+        add_to_bundle(
+            bundle_dir, np.ascontiguousarray(vectors), items, meta, reporter, replaces=replaces
         )
-        add_to_bundle(bundle_dir, np.ascontiguousarray(vectors), rows, meta, reporter)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return {"added": len(rows), "count": bundle_count(bundle_dir)}
+    added = len(items) - len(replaces)
+    return {"added": added, "replaced": len(replaces), "count": bundle_count(bundle_dir)}
+
+
+def _to_embed(
+    files: list[Path], labels: list[str], bundle: Any
+) -> tuple[list[tuple[Path, str]], dict[str, int]]:
+    """The (file, label) pairs an --add embeds: those the bundle lacks, and those whose size or
+    mtime_ns differs from what it recorded (unknown in older bundles: taken as unchanged); and
+    for the changed ones, their path -> the id of the live item they replace. Files gone from
+    the source stay in the bundle."""
+    items = bundle.items
+    dead = bundle.is_deleted(items.ids).tolist()
+    known = {p: row for row, (p, d) in enumerate(zip(items.paths, dead, strict=True)) if not d}
+    new: list[tuple[Path, str]] = []
+    changed: dict[str, int] = {}
+    for f, label in zip(files, labels, strict=True):
+        key = os.path.abspath(f)
+        row = known.get(key)
+        if row is None:
+            new.append((f, label))
+        elif _changed(f, int(items.sizes[row]), int(items.mtimes[row])):
+            new.append((f, label))
+            changed[key] = int(items.ids[row])
+    return new, changed
+
+
+def _changed(file: Path, size: int, mtime_ns: int) -> bool:
+    """Whether a file's size or mtime differs from the recorded one (-1: not recorded)."""
+    try:
+        now = os.stat(file)
+    except OSError:
+        return False  # gone or unreadable: its indexed vector stays
+    return (size >= 0 and now.st_size != size) or (mtime_ns >= 0 and now.st_mtime_ns != mtime_ns)
 
 
 def embed_source_files(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,15 +36,20 @@ class PathIndex:
 
     Holds the paths' hashes, sorted (16 bytes an item), not a dict of millions of strings; a
     lookup bisects the hashes and confirms the path itself, so a hash collision costs a
-    comparison, never a wrong id.
+    comparison, never a wrong id. A path held by several rows gives the last one: a file
+    replaced by `pactl index --add` has its new row after the old (deleted) one. Ids in `skip`
+    (a bundle's deleted ids, sorted) are not looked up at all.
     """
 
-    def __init__(self, items: ItemTable) -> None:
+    def __init__(self, items: ItemTable, skip: np.ndarray | None = None) -> None:
         self._items = items
         hashes = np.fromiter(
             (hash(path_key(p)) for p in items.paths), dtype=np.int64, count=len(items)
         )
-        self._order = np.argsort(hashes, kind="stable")
+        rows = np.arange(len(items), dtype=np.int64)
+        if skip is not None and len(skip):
+            rows = rows[~in_sorted(items.ids, np.asarray(skip, dtype=np.int64))]
+        self._order = rows[np.argsort(hashes[rows], kind="stable")]
         self._hashes = hashes[self._order]
 
     def ids(self, paths: Sequence[str]) -> np.ndarray:
@@ -55,16 +60,26 @@ class PathIndex:
         last = np.searchsorted(self._hashes, wanted, side="right")
         out = np.full(len(keys), -1, dtype=np.int64)
         for i, (key, lo, hi) in enumerate(zip(keys, first.tolist(), last.tolist(), strict=True)):
-            for position in self._order[lo:hi].tolist():
+            for position in self._order[lo:hi][::-1].tolist():  # the last row of a path wins
                 if path_key(self._items.paths[position]) == key:
                     out[i] = self._items.ids[position]
                     break
         return out
 
 
+def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """`np.isin(values, sorted_set)` by bisection: the (larger) values are neither copied nor
+    sorted."""
+    if len(sorted_set) == 0:
+        return np.zeros(np.shape(values), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return np.asarray(sorted_set[at] == values)
+
+
 def capped_k(k: int, ntotal: int, excluding: bool) -> int:
-    """How many hits a query can get: k, at most the bundle size (one less when a query's own
-    item is excluded). Callers see the cap as the width of the arrays search() returns."""
+    """How many hits a query can get: k, at most the bundle's live items (one less when a
+    query's own item is excluded). Callers see the cap as the width of the arrays search()
+    returns."""
     if k < 1:
         raise PactlError(f"k must be at least 1, not {k}")
     return max(0, min(k, ntotal - 1 if excluding else ntotal))
@@ -80,8 +95,11 @@ def search(
     """The k best (scores, ids) of each query row, best first, in batches of `batch_size`.
 
     `exclude_ids[i]` is the bundle id of query i (or -1): that id is removed from its hits, so a
-    duplicate of the query stays a hit while the query itself does not. Both arrays have
-    capped_k(...) columns; a missing hit (an approximate index found fewer) has id -1.
+    duplicate of the query stays a hit while the query itself does not. Deleted items
+    (bundle.deleted) are never returned: the index is asked for more hits than k, and again
+    for twice as many where too few live ones came back, so a row still has k live hits when
+    the bundle has them. Both arrays have capped_k(...) columns; a missing hit (an approximate
+    index found fewer) has id -1.
     """
     index = bundle.index
     xq = np.ascontiguousarray(queries, dtype=np.float32)
@@ -95,18 +113,41 @@ def search(
     if own.shape != (nq,):
         raise PactlError(f"exclude_ids needs one id per query ({nq}), got shape {own.shape}")
     excluding = bool((own >= 0).any())
-    width = capped_k(k, int(index.ntotal), excluding)
-    fetch = min(width + int(excluding), int(index.ntotal))
+    dead = bundle.deleted
+    own_live = bool(((own >= 0) & ~in_sorted(own, dead)).any())  # a deleted one takes no place
+    width = capped_k(k, int(index.ntotal) - len(dead), own_live)
+    # Over-fetch by as many as the deleted items, up to k more; rarely a second round is needed.
+    fetch = min(width + int(excluding) + min(len(dead), width), int(index.ntotal))
     scores = np.full((nq, width), -np.inf, dtype=np.float32)
     ids = np.full((nq, width), -1, dtype=np.int64)
     if width == 0:
         return scores, ids
     for start in range(0, nq, max(1, batch_size)):
         stop = min(start + max(1, batch_size), nq)
-        found_scores, found_ids = index.search(xq[start:stop], fetch)
-        scores[start:stop], ids[start:stop] = exclude_by_id(
-            found_scores, found_ids, own[start:stop], width
+        scores[start:stop], ids[start:stop] = _search_live(
+            index, xq[start:stop], own[start:stop], width, fetch, dead
         )
+    return scores, ids
+
+
+def _search_live(
+    index: Any, xq: np.ndarray, own: np.ndarray, width: int, fetch: int, dead: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`width` hits per row that are neither deleted nor the row's own id; rows left short by
+    deleted hits are searched again, twice as deep each time, up to the whole index."""
+
+    def live_hits(rows: np.ndarray | slice, depth: int) -> tuple[np.ndarray, np.ndarray]:
+        found_scores, found_ids = index.search(xq[rows], depth)
+        if len(dead):
+            found_ids[in_sorted(found_ids, dead)] = -1
+        return exclude_by_id(found_scores, found_ids, own[rows], width)
+
+    scores, ids = live_hits(slice(None), fetch)
+    short = np.flatnonzero((ids < 0).any(axis=1)) if len(dead) else np.empty(0, np.int64)
+    while len(short) and fetch < index.ntotal:
+        fetch = min(2 * fetch, int(index.ntotal))
+        scores[short], ids[short] = live_hits(short, fetch)
+        short = short[(ids[short] < 0).any(axis=1)]
     return scores, ids
 
 

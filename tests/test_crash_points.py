@@ -29,7 +29,7 @@ from pactl.console import QUIET
 from pactl.embed import read_embedded
 from pactl.errors import PactlError
 from pactl.fsutil import CRASH_ENV, GENERATION_PREFIX, writer_lock
-from pactl.index import add_to_bundle, build_index, load_bundle, save_bundle
+from pactl.index import add_to_bundle, build_index, delete_items, load_bundle, save_bundle
 
 MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
 
@@ -234,13 +234,61 @@ def test_index_and_add_killed_at_every_step(
     )
     assert len(left) >= 5
     added = sorted(set(want) - set(start))
+    replaced = str(imgs / "class_1" / "0.png")  # change() rewrote it: --add replaces its vector
     for folder in left:
         paths = load_bundle(folder).items.paths.tolist()
-        assert paths == start or paths == start + added, folder.name
+        assert paths == start or paths == start + sorted([*added, replaced]), folder.name
         code, _, err = run_cli(["index", str(imgs), "--add", str(folder)], monkeypatch, capsys)
         assert code == 0, err
-        assert sorted(load_bundle(folder).items.paths.tolist()) == sorted(start + added)
+        done = load_bundle(folder)
+        live = done.items.take(~done.is_deleted(done.items.ids)).paths.tolist()
+        assert sorted(live) == sorted(start + added) and len(done.deleted) == 1
         no_leftovers(folder)
+
+
+def test_delete_and_compact_killed_at_every_step(
+    zygote: Zygote,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rng = np.random.default_rng(2)
+    bundle = tmp_path / "bundle"
+    vectors = unit(rng.normal(size=(40, 8))).astype(np.float32)
+    index, record = build_index(vectors, IndexConfig(factory="Flat"), QUIET)
+    rows = [(i, f"/x/{i}.png", "") for i in range(40)]
+    save_bundle(bundle, index, rows, {"fingerprint": "f", **record})
+
+    def setup(folder: Path) -> None:
+        shutil.copytree(bundle, folder, symlinks=True)
+
+    def state(folder: Path) -> tuple[list[int], list[int]]:
+        loaded = load_bundle(folder)
+        return loaded.items.ids.tolist(), loaded.deleted.tolist()
+
+    def rerun(folder: Path, args: list[str]) -> None:
+        code, _, err = run_cli(["index", str(folder), *args], monkeypatch, capsys)
+        assert code == 0, err
+
+    def walk(args: list[str], old: Any, new: Any) -> None:
+        left = each_crash_point(
+            zygote, setup, lambda f: ["index", str(f), *args], tmp_path / args[0].strip("-")
+        )
+        assert len(left) >= 3
+        seen = set()
+        for folder in left:
+            now = state(folder)
+            assert now in (old, new), folder.name
+            seen.add("new" if now == new else "old")
+            rerun(folder, args)  # the rerun finishes the job
+            assert state(folder) == new
+            no_leftovers(folder)
+        assert seen == {"old", "new"}
+
+    start, deleted = state(bundle), (list(range(40)), [3, 7])
+    walk(["--delete", "3", "--delete", "/x/7.png"], start, deleted)
+    delete_items(bundle, ids=[3, 7])
+    walk(["--compact"], deleted, ([i for i in range(40) if i not in (3, 7)], []))
 
 
 def test_a_second_writer_is_refused_and_readers_go_on(

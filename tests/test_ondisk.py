@@ -155,7 +155,7 @@ def test_bundle_loads_searches_and_moves(
     base, queries = data
     out = tmp_path / "bundle"
     record = ondisk_bundle(base, out)
-    visible = ["index.faiss", IVFDATA_FILE, "items.csv", "meta.json"]
+    visible = ["index.faiss", IVFDATA_FILE, "items.bin", "items.csv", "meta.json"]
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == sorted(visible)
     gen = current_dir(out)
     assert sorted(p.name for p in gen.iterdir()) == sorted(visible)  # no scratch, no pending

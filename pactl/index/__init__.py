@@ -5,6 +5,9 @@ A bundle is a folder of three files: `index.faiss` (FAISS ids are the item ids),
 search parameters and the Recall@10 they reached). Cosine similarity is the inner product of
 L2-normalised vectors, so every index here uses METRIC_INNER_PRODUCT.
 
+Deleted items (delete_items) stay in the index as tombstones listed in `deleted.npy`, which every
+search skips, until compact_bundle (or a rebuild) removes them.
+
 An IVF index over more vectors than memory holds is built shard by shard (build_ondisk_index):
 its inverted lists go to a fourth file, `index.ivfdata`, which searches read through the page
 cache.
@@ -30,6 +33,7 @@ from pactl.index.bundle import (
     BUNDLE_FILES,
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
+    DELETED_FILE,
     INDEX_FILE,
     ITEMS_FILE,
     META_FILE,
@@ -38,6 +42,8 @@ from pactl.index.bundle import (
     add_to_bundle,
     bundle_count,
     check_folder,
+    compact_bundle,
+    delete_items,
     load_bundle,
     save_bundle,
     write_bundle,
@@ -57,6 +63,7 @@ __all__ = [
     "BUNDLE_FILES",
     "BUNDLE_FORMAT",
     "BUNDLE_VERSION",
+    "DELETED_FILE",
     "FLAT_MAX_ITEMS",
     "INDEX_FILE",
     "ITEMS_FILE",
@@ -78,6 +85,8 @@ __all__ = [
     "check_factory",
     "check_folder",
     "choose_factory",
+    "compact_bundle",
+    "delete_items",
     "empty_like",
     "exact_neighbours",
     "load_bundle",

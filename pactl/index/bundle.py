@@ -1,5 +1,6 @@
-"""Bundles on disk: index.faiss, items.csv and meta.json (and index.ivfdata) written as one
-generation of a folder, loaded and checked whole, appended to."""
+"""Bundles on disk: index.faiss, items.csv and meta.json (and index.ivfdata, deleted.npy)
+written as one generation of a folder, loaded and checked whole, appended to, items deleted
+(tombstones) and compacted away."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,21 +21,34 @@ from pactl import __version__, records
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.fsutil import (
+    _link_names,
     check_files,
+    current_dir,
+    generation_of,
     new_generation,
     read_current,
     record_files,
+    remove_stale,
     writer_lock,
 )
-from pactl.index.build import _as_matrix, _why, add_vectors
-from pactl.index.items import ItemTable
-from pactl.index.ondisk import IVFDATA_FILE, _add_on_disk, _quiet_c_stdout
+from pactl.index.build import ADD_BATCH, _as_matrix, _why, add_vectors
+from pactl.index.items import TABLE_FILE, ItemTable
+from pactl.index.ondisk import (
+    IVFDATA_FILE,
+    PENDING_IVFDATA,
+    _add_on_disk,
+    _merge_lists,
+    _quiet_c_stdout,
+    empty_like,
+)
+from pactl.search import in_sorted
 
 BUNDLE_FORMAT = "pactl.bundle"
 BUNDLE_VERSION = 1
 VECTORS_FORMAT = "pactl.vectors"
 INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
-BUNDLE_FILES = (INDEX_FILE, ITEMS_FILE, META_FILE, IVFDATA_FILE)
+DELETED_FILE = "deleted.npy"  # int64 ids of deleted items (tombstones), sorted; absent when none
+BUNDLE_FILES = (INDEX_FILE, ITEMS_FILE, TABLE_FILE, META_FILE, IVFDATA_FILE, DELETED_FILE)
 MAX_SEARCH_SETTING = 10_000_000  # nprobe / efSearch beyond this is a typo or a tampered file
 
 
@@ -44,6 +59,17 @@ class Bundle:
     items: ItemTable
     meta: dict[str, Any]
     mmapped: bool = False  # the index reads its codes from index.faiss (or .ivfdata) in place
+    # ids still in the index and items.csv but deleted (tombstones), sorted; searches skip them
+    deleted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    @property
+    def live_count(self) -> int:
+        """Items a search can return: all of them less the deleted ones."""
+        return len(self.items) - len(self.deleted)
+
+    def is_deleted(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each id (any shape) is a tombstone; False for -1 and unknown ids."""
+        return in_sorted(np.asarray(ids, dtype=np.int64), self.deleted)
 
 
 # ---------------------------------------------------------------------------- bundles on disk
@@ -66,6 +92,7 @@ def write_bundle(
     index: Any,
     items_csv_source: Path | list[tuple[int, str, str]] | ItemTable,
     meta: dict[str, Any],
+    deleted: np.ndarray | None = None,
 ) -> None:
     """Write a bundle's files into the fresh generation folder `gen`.
 
@@ -73,6 +100,7 @@ def write_bundle(
     record of build_index; format, version, dimension, count, the generation and the size of
     each file are set here from the index itself, so a loader can tell that the files belong
     together. An index with on-disk lists (build_ondisk_index) also gets index.ivfdata.
+    `deleted`: ids of items that stay in the index but are deleted (deleted.npy).
     """
     lists = _ondisk_lists(index)
     items = (
@@ -91,14 +119,32 @@ def write_bundle(
         shutil.copyfile(items_csv_source, gen / ITEMS_FILE)
     else:
         items.write(gen / ITEMS_FILE)
+    items.save(gen / TABLE_FILE)  # what load_bundle maps; items.csv is the export
     derived = {
         "dimension": int(index.d),
-        "count": int(index.ntotal),
         "metric": "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2",
         "on_disk": lists is not None,
         "index_bytes": (gen / INDEX_FILE).stat().st_size,
         **({"ivfdata_bytes": (gen / IVFDATA_FILE).stat().st_size} if lists is not None else {}),
     }
+    _write_meta(gen, meta, derived, items, deleted)
+
+
+def _write_meta(
+    gen: Path,
+    meta: dict[str, Any],
+    derived: dict[str, Any],
+    items: ItemTable,
+    deleted: np.ndarray | None,
+) -> None:
+    """deleted.npy (when there are tombstones) and meta.json, whose "count" is the live items
+    and "deleted" the tombstones; the index holds both."""
+    dead = np.unique(np.asarray(deleted if deleted is not None else (), dtype=np.int64))
+    if len(dead) and (items.positions(dead) < 0).any():
+        raise PactlError(f"deleted id {int(dead[items.positions(dead) < 0][0])} is not an item")
+    if len(dead):
+        np.save(gen / DELETED_FILE, dead, allow_pickle=False)
+    derived = {**derived, "count": len(items) - len(dead), "deleted": len(dead)}
     header = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "pactl_version": __version__}
     mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files"}
     rest = {k: v for k, v in meta.items() if k not in mine}
@@ -144,48 +190,246 @@ def _place_lists(gen: Path, lists: Any) -> None:
 def add_to_bundle(
     bundle_dir: Path,
     vectors: np.ndarray,
-    items: list[tuple[int, str, str]],
+    items: Sequence[tuple[Any, ...]] | ItemTable,
     meta_check: dict[str, Any],
     reporter: Reporter | None = None,
+    replaces: Sequence[int] | np.ndarray = (),
 ) -> None:
     """Append vectors (with their items) to a bundle; they must come from the bundle's model.
 
     `meta_check` is the new vectors' meta.json: its dimension and model fingerprint must match
     the bundle's. New ids must not be in the bundle yet. The tuned search setting is kept. The
     result is a new generation of the bundle (the old one is only read); an on-disk bundle gets
-    a new index.ivfdata, its lists and the new ones merged into a fresh file.
+    a new index.ivfdata, its lists and the new ones merged into a fresh file. The ids in
+    `replaces` (items whose file changed) are deleted in that same generation, so a reader
+    sees the old vector or the new one, never both or neither.
     """
     with writer_lock(bundle_dir):
         bundle = load_bundle(bundle_dir, mmap=False)
         x = _as_matrix(vectors, "vectors")
-        dim = int(bundle.index.d)
-        for given in (x.shape[1], meta_check.get("dimension", x.shape[1])):
-            if given != dim:
-                raise PactlError(
-                    f"new vectors have dimension {given}; bundle {bundle_dir} has {dim}"
-                )
-        mine, theirs = bundle.meta.get("fingerprint"), meta_check.get("fingerprint")
-        if mine != theirs:
-            raise PactlError(
-                f"new vectors come from another model (fingerprint {str(theirs)[:12]}, bundle "
-                f"{bundle_dir} has {str(mine)[:12]}): embed them with the bundle's checkpoint"
-            )
+        _check_same_model(bundle, bundle_dir, x.shape[1], meta_check)
         if len(items) != len(x):
             raise PactlError(f"{len(items)} items for {len(x)} new vectors")
-        new = ItemTable.from_rows(items)
+        new = items if isinstance(items, ItemTable) else ItemTable.from_rows(items)
         clash = new.ids[bundle.items.positions(new.ids) >= 0]
         if len(clash):
             raise PactlError(
                 f"id {int(clash[0])} is already in {bundle_dir} ({len(clash)} clashing ids); "
                 f"number new items from {bundle.items.max_id() + 1}"
             )
+        gone = np.asarray(replaces, dtype=np.int64)
+        unknown = gone[bundle.items.positions(gone) < 0]
+        if len(unknown):
+            raise PactlError(f"no item with id {int(unknown[0])} in {bundle_dir} to replace")
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
             index = bundle.index
             if _ondisk_lists(index) is not None:
                 index = _add_on_disk(index, x, new.ids, gen, reporter or QUIET)
             else:
                 add_vectors(index, x, new.ids, reporter or QUIET)
-            write_bundle(gen, index, bundle.items.concat(new), bundle.meta)
+            dead = np.union1d(bundle.deleted, gone)
+            write_bundle(gen, index, bundle.items.concat(new), bundle.meta, dead)
+
+
+def _check_same_model(bundle: Bundle, bundle_dir: Path, dim: int, meta: dict[str, Any]) -> None:
+    """New vectors must have the bundle's dimension and come from its model (fingerprint)."""
+    have = int(bundle.index.d)
+    for given in (dim, meta.get("dimension", dim)):
+        if given != have:
+            raise PactlError(f"new vectors have dimension {given}; bundle {bundle_dir} has {have}")
+    mine, theirs = bundle.meta.get("fingerprint"), meta.get("fingerprint")
+    if mine != theirs:
+        raise PactlError(
+            f"new vectors come from another model (fingerprint {str(theirs)[:12]}, bundle "
+            f"{bundle_dir} has {str(mine)[:12]}): embed them with the bundle's checkpoint"
+        )
+
+
+# ---------------------------------------------------------------------------- deletes
+
+
+def delete_items(
+    bundle_dir: Path,
+    ids: Sequence[int] = (),
+    paths: Sequence[str] = (),
+    reporter: Reporter | None = None,
+) -> int:
+    """Delete items by id or by path (as `pactl query --exclude-self` finds a path: absolute, or
+    relative to the working folder); returns how many were not deleted already.
+
+    The items stay in the index as tombstones (deleted.npy) that every search skips, until
+    compact_bundle or a rebuild drops them. The new generation hard-links the unchanged
+    index.faiss, index.ivfdata and items.csv of the current one (a copy where links are not
+    allowed) and writes deleted.npy and meta.json. An id or path the bundle lacks is an error
+    naming it, and nothing is deleted.
+    """
+    check_folder(bundle_dir)
+    with writer_lock(bundle_dir):
+        gen_now, meta, items, dead = read_current(
+            bundle_dir, lambda gen: (gen, *_read_tables(bundle_dir, gen))
+        )
+        _check_count(bundle_dir, meta, items, dead)
+        wanted = _resolve(bundle_dir, items, ids, paths)
+        fresh = np.setdiff1d(wanted, dead)
+        if len(fresh) == 0:
+            _tidy(bundle_dir)
+            (reporter or QUIET).log("nothing to delete: those items were deleted already")
+            return 0
+        with new_generation(bundle_dir, BUNDLE_FILES) as gen:
+            for name in (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE):
+                if (gen_now / name).is_file():
+                    _link_or_copy(gen_now / name, gen / name)
+            on_disk = (gen / IVFDATA_FILE).is_file()
+            derived = {
+                "dimension": meta["dimension"],
+                "metric": meta.get("metric", "ip"),
+                "on_disk": on_disk,
+                "index_bytes": (gen / INDEX_FILE).stat().st_size,
+                **({"ivfdata_bytes": (gen / IVFDATA_FILE).stat().st_size} if on_disk else {}),
+            }
+            _write_meta(gen, meta, derived, items, np.union1d(dead, fresh))
+        (reporter or QUIET).log(f"deleted {len(fresh)} items from {bundle_dir}")
+        return len(fresh)
+
+
+def _tidy(bundle_dir: Path) -> None:
+    """What a writer killed after its switch left undone, when there is nothing to write now
+    (which would do it): older generations removed, the visible names matching the current
+    generation. Call with the writer lock held."""
+    remove_stale(bundle_dir)
+    if generation_of(bundle_dir) is not None:
+        _link_names(bundle_dir, current_dir(bundle_dir), BUNDLE_FILES)
+
+
+def _resolve(
+    bundle_dir: Path, items: ItemTable, ids: Sequence[int], paths: Sequence[str]
+) -> np.ndarray:
+    """The ids named by `ids` and `paths`, each checked to be an item of the bundle."""
+    from pactl.search import PathIndex
+
+    wanted = np.asarray([int(i) for i in ids], dtype=np.int64)
+    unknown = wanted[items.positions(wanted) < 0]
+    if len(unknown):
+        raise PactlError(f"no item with id {int(unknown[0])} in bundle {bundle_dir}")
+    by_path = PathIndex(items).ids(list(paths)) if len(paths) else wanted[:0]
+    missing = np.flatnonzero(by_path < 0)
+    if len(missing):
+        raise PactlError(f"no item in bundle {bundle_dir} has the path {paths[missing[0]]}")
+    return np.union1d(wanted, by_path)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link to an unchanged file of the previous generation (never written in place, so
+    sharing it is safe), or a copy where the filesystem has no hard links."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+# ---------------------------------------------------------------------------- compaction
+
+
+def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Remove the deleted items from the index and items.csv for real, in a new generation.
+
+    FAISS `remove_ids` where the index kind has it (flat, IVF); on-disk lists have their live
+    entries copied into a new index.ivfdata (the bundle's own file is only read); else the
+    live vectors are reconstructed and added to the emptied index (HNSW); an index that can do
+    neither is refused with what to do. Returns removed, count (live items) and method
+    ("none", "remove_ids", "copied" or "rebuilt").
+    """
+    check_folder(bundle_dir)
+    log = reporter or QUIET
+    with writer_lock(bundle_dir):
+        bundle = load_bundle(bundle_dir, mmap=False)
+        dead = bundle.deleted
+        if len(dead) == 0:
+            _tidy(bundle_dir)
+            log.log(f"{bundle_dir} has no deleted items: nothing to compact")
+            return {"removed": 0, "count": bundle.live_count, "method": "none"}
+        keep = ~bundle.is_deleted(bundle.items.ids)
+        items = bundle.items.take(np.flatnonzero(keep))
+        with new_generation(bundle_dir, BUNDLE_FILES) as gen:
+            index, method = _without(bundle.index, dead, items.ids, gen, log)
+            if index.ntotal != len(items):
+                raise PactlError(
+                    f"compacting {bundle_dir} left {index.ntotal} vectors for {len(items)} items:"
+                    " rebuild it from the vectors folder with `pactl index VECTORS`"
+                )
+            write_bundle(gen, index, items, bundle.meta)
+        log.log(f"removed {len(dead)} deleted items from {bundle_dir} ({method})")
+        return {"removed": len(dead), "count": len(items), "method": method}
+
+
+def _without(
+    index: Any, dead: np.ndarray, live: np.ndarray, gen: Path, log: Reporter
+) -> tuple[Any, str]:
+    """The index less the vectors of `dead` ids, and how: "remove_ids", "copied" or
+    "rebuilt"."""
+    if _ondisk_lists(index) is not None:
+        return _ondisk_without(index, dead, gen), "copied"
+    try:
+        index.remove_ids(faiss.IDSelectorBatch(dead))
+        return index, "remove_ids"
+    except RuntimeError:
+        pass  # this kind cannot remove (HNSW): rebuild from its own vectors, if it has them
+    try:
+        vectors = np.empty((len(live), index.d), dtype=np.float32)
+        for start in range(0, len(live), ADD_BATCH):
+            batch = live[start : start + ADD_BATCH]
+            vectors[start : start + len(batch)] = index.reconstruct_batch(batch)
+    except RuntimeError as e:
+        raise PactlError(
+            f"this index kind can neither remove items nor give back its vectors ({_why(e)}): "
+            "rebuild the bundle from the vectors folder with `pactl index VECTORS`"
+        ) from None
+    log.log(f"rebuilding the index from the {len(live):,} live vectors it holds")
+    index.reset()
+    # Not add_vectors: a lossy kind (HNSW over SQ codes) gives back vectors a little off unit
+    # length, which it took in before, and codes them again the same way.
+    for start in range(0, len(live), ADD_BATCH):
+        index.add_with_ids(vectors[start : start + ADD_BATCH], live[start : start + ADD_BATCH])
+    return index, "rebuilt"
+
+
+def _ondisk_without(index: Any, dead: np.ndarray, gen: Path) -> Any:
+    """On-disk lists less `dead`, for write_bundle to move in: the live entries of each list
+    are copied into a scratch file of `gen` (the bundle's own file is only read), whose lists
+    are then merged into a packed file. FAISS's own remove_ids is not used on on-disk lists: a
+    list it shrinks can land on its old offset with a new capacity and lose its ids."""
+    scratch = gen / ".compact.ivfdata"
+    source: Any = faiss.extract_index_ivf(index).invlists
+    copy = empty_like(index)
+    ivf: Any = faiss.extract_index_ivf(copy)
+    lists: Any = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(scratch))
+    total = 0
+    with _quiet_c_stdout():
+        for number in range(ivf.nlist):
+            size = source.list_size(number)
+            if size == 0:
+                continue
+            ids = faiss.rev_swig_ptr(source.get_ids(number), size)
+            keep = ~in_sorted(ids, dead)
+            kept = int(keep.sum())
+            if kept == 0:
+                continue
+            codes = faiss.rev_swig_ptr(source.get_codes(number), size * ivf.code_size)
+            kept_ids = np.ascontiguousarray(ids[keep])
+            kept_codes = np.ascontiguousarray(codes.reshape(size, ivf.code_size)[keep])
+            lists.resize(number, kept)  # from empty: a fresh slot, nothing moved
+            lists.update_entries(
+                number, 0, kept, faiss.swig_ptr(kept_ids), faiss.swig_ptr(kept_codes)
+            )
+            total += kept
+        ivf.replace_invlists(lists, True)
+        lists.this.disown()
+        copy.ntotal = ivf.ntotal = total
+        packed = empty_like(index)
+        _merge_lists(packed, [copy], gen / PENDING_IVFDATA)
+    del copy
+    scratch.unlink()
+    return packed
 
 
 def load_bundle(path: Path, mmap: bool = True) -> Bundle:
@@ -201,13 +445,8 @@ def load_bundle(path: Path, mmap: bool = True) -> Bundle:
 
 
 def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
-    for name in (META_FILE, ITEMS_FILE, INDEX_FILE):
-        if not (gen / name).is_file():
-            raise PactlError(f"bundle {path} lacks {name}: rebuild it with `pactl index`")
-    meta = _read_meta(path, gen)
-    check_files(gen, meta, path, "rebuild the bundle with `pactl index`")
+    meta, items, deleted = _read_tables(path, gen)
     index, flag = _read_index(gen, meta, mmap)
-    items = ItemTable.read(gen / ITEMS_FILE)
     if len(items) != index.ntotal:
         raise PactlError(
             f"bundle {path} is inconsistent: {ITEMS_FILE} has {len(items):,} rows but "
@@ -218,6 +457,7 @@ def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
             f"bundle {path}: meta.json says dimension {meta['dimension']}, "
             f"{INDEX_FILE} has {index.d}"
         )
+    _check_count(path, meta, items, deleted)
     params = str(meta.get("search_params") or "")
     if params:
         try:
@@ -225,11 +465,63 @@ def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
             space.set_index_parameters(index, params)
         except RuntimeError as e:
             raise PactlError(f"bundle {path}: search_params {params!r}: {_why(e)}") from e
-    return Bundle(path, index, items, meta, mmapped=flag != 0)
+    return Bundle(path, index, items, meta, mmapped=flag != 0, deleted=deleted)
+
+
+def _read_tables(path: Path, gen: Path) -> tuple[dict[str, Any], ItemTable, np.ndarray]:
+    """meta.json, the item table and the deleted ids of a generation, checked against each
+    other (the index itself is not read)."""
+    for name in (META_FILE, ITEMS_FILE, INDEX_FILE):
+        if not (gen / name).is_file():
+            raise PactlError(f"bundle {path} lacks {name}: rebuild it with `pactl index`")
+    meta = _read_meta(path, gen)
+    check_files(gen, meta, path, "rebuild the bundle with `pactl index`")
+    # items.bin when meta.json records its size (check_files has checked it); older bundles
+    # have only items.csv, which is parsed
+    lean = TABLE_FILE in (meta.get("files") or {})
+    items = ItemTable.open(gen / TABLE_FILE) if lean else ItemTable.read(gen / ITEMS_FILE)
+    return meta, items, _read_deleted(path, gen, meta, items)
+
+
+def _check_count(path: Path, meta: dict[str, Any], items: ItemTable, deleted: np.ndarray) -> None:
+    """meta.json's live count and its tombstones add up to the rows of items.csv (a bundle of
+    an older pactl, without "deleted", counted them all)."""
+    if "deleted" in meta and meta["count"] + len(deleted) != len(items):
+        raise PactlError(
+            f"bundle {path} is inconsistent: meta.json counts {meta['count']:,} items and "
+            f"{len(deleted):,} deleted, {ITEMS_FILE} has {len(items):,} rows; "
+            "rebuild it with `pactl index`"
+        )
+
+
+def _read_deleted(path: Path, gen: Path, meta: dict[str, Any], items: ItemTable) -> np.ndarray:
+    """The sorted tombstone ids of deleted.npy; none for a bundle without the file (older pactl
+    or nothing deleted). Every id must be an item, and meta.json's "deleted" their number."""
+    file, expected = gen / DELETED_FILE, int(meta.get("deleted") or 0)
+    fix = "rebuild the bundle with `pactl index`"
+    if not file.is_file():
+        if expected:
+            raise PactlError(f"bundle {path} lacks {DELETED_FILE}: {fix}")
+        return np.empty(0, dtype=np.int64)
+    try:
+        dead = np.load(file, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise PactlError(f"{path / DELETED_FILE} is corrupt ({e}): {fix}") from None
+    if dead.dtype != np.int64 or dead.ndim != 1 or (len(dead) > 1 and (np.diff(dead) <= 0).any()):
+        raise PactlError(f"{path / DELETED_FILE} is not a sorted list of item ids: {fix}")
+    if len(dead) != expected:
+        raise PactlError(
+            f"{path / DELETED_FILE} holds {len(dead):,} ids, meta.json counts {expected:,}: {fix}"
+        )
+    stray = dead[items.positions(dead) < 0]
+    if len(stray):
+        raise PactlError(f"{path / DELETED_FILE} names id {int(stray[0])}, not an item: {fix}")
+    return dead
 
 
 def bundle_count(path: Path) -> int:
-    """The number of items in the bundle's current generation (read from its meta.json)."""
+    """The number of live (not deleted) items in the bundle's current generation (read from its
+    meta.json)."""
     return int(read_current(path, lambda gen: _read_meta(path, gen))["count"])
 
 
@@ -313,6 +605,7 @@ def _read_meta(path: Path, gen: Path) -> dict[str, Any]:
         )
     records.field(meta, "dimension", int, where, 1, 65_536)
     records.field(meta, "count", int, where, 0, 2**40)
+    records.field(meta, "deleted", int, where, 0, 2**40, optional=True)
     records.field(meta, "fingerprint", str, where, optional=True)
     records.field(meta, "checkpoint", str, where, optional=True)
     records.field(meta, "model_config", dict, where, optional=True)

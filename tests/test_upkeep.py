@@ -1,0 +1,484 @@
+"""Keeping a bundle up to date: deletes (tombstones every search skips), compaction, and an --add
+that replaces the vector of a changed file; each checked against brute force over the live
+vectors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import pytest
+from conftest import clustered, make_class_folder, run_cli, unit
+from PIL import Image
+
+from pactl.config import IndexConfig
+from pactl.console import QUIET
+from pactl.errors import PactlError
+from pactl.fsutil import current_dir, generation_of
+from pactl.index import (
+    BUNDLE_FILES,
+    DELETED_FILE,
+    INDEX_FILE,
+    ITEMS_FILE,
+    add_to_bundle,
+    build_index,
+    build_ondisk_index,
+    bundle_count,
+    compact_bundle,
+    delete_items,
+    load_bundle,
+    save_bundle,
+    write_bundle,
+)
+from pactl.search import PathIndex, search
+
+N, DIM, QUERIES, K = 600, 16, 40, 10
+MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
+FINGERPRINT = "f" * 64
+# Search settings that make the approximate kinds (near) exhaustive on N items, so brute force
+# over the live vectors is the reference for all of them.
+KINDS = {
+    "Flat": "",
+    "IVF16,Flat": "nprobe=16",
+    "HNSW16,Flat": "efSearch=600",
+}
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(20261203)
+    centres = unit(rng.standard_normal((12, DIM)))
+    return clustered(rng, N, centres, 1.0), clustered(rng, QUERIES, centres, 1.0)
+
+
+def rows(n: int, start: int = 0) -> list[tuple[int, str, str]]:
+    return [(i, f"/photos/{i}.png", f"c{i % 5}") for i in range(start, start + n)]
+
+
+def make_bundle(out: Path, base: np.ndarray, factory: str) -> Path:
+    index, record = build_index(base, IndexConfig(factory=factory), QUIET)
+    save_bundle(out, index, rows(len(base)), {"fingerprint": FINGERPRINT, **record})
+    return out
+
+
+def opened(bundle_dir: Path, factory: str) -> Any:
+    bundle = load_bundle(bundle_dir)
+    if KINDS[factory]:
+        faiss.ParameterSpace().set_index_parameters(bundle.index, KINDS[factory])
+    return bundle
+
+
+def brute_force(
+    base: np.ndarray, queries: np.ndarray, live: np.ndarray, k: int, own: np.ndarray | None = None
+) -> np.ndarray:
+    """Ids of the k best live vectors of each query in float64, its own id left out."""
+    scores = queries.astype(np.float64) @ base[live].astype(np.float64).T
+    if own is not None:
+        scores[live[None, :] == own[:, None]] = -np.inf
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return live[order]
+
+
+def hard_to_serve(base: np.ndarray, queries: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Tombstones that hurt: the 8 true nearest of every other query (so a row of k=10 needs a
+    deeper second search) and a random 15% of the rest."""
+    nearest = brute_force(base, queries[::2], np.arange(N), 8).ravel()
+    some = rng.choice(N, size=N * 15 // 100, replace=False)
+    return np.union1d(nearest, some)
+
+
+def recall(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(f) & set(t)) / len(t) for f, t in zip(found, truth)]))  # noqa: B905
+
+
+# ---------------------------------------------------------------------------- searches skip them
+
+
+@pytest.mark.parametrize("factory", list(KINDS))
+def test_deleted_ids_are_never_returned(factory: str, tmp_path: Path, data: Any) -> None:
+    base, queries = data
+    bundle_dir = make_bundle(tmp_path / "b", base, factory)
+    dead = hard_to_serve(base, queries, np.random.default_rng(1))
+    assert delete_items(bundle_dir, ids=dead.tolist()) == len(dead)
+    live = np.setdiff1d(np.arange(N), dead)
+    bundle = opened(bundle_dir, factory)
+    np.testing.assert_array_equal(bundle.deleted, dead)
+    assert bundle.live_count == bundle_count(bundle_dir) == len(live)
+    assert bundle.index.ntotal == N  # tombstones: still in the index until compaction
+
+    scores, ids = search(bundle, queries, K, batch_size=7)
+    truth = brute_force(base, queries, live, K)
+    assert not np.isin(ids, dead).any()
+    assert (ids >= 0).all()  # k live hits in every row, although many of the best are deleted
+    if factory == "HNSW16,Flat":
+        assert recall(ids, truth) >= 0.99
+    else:
+        np.testing.assert_array_equal(ids, truth)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+
+    # Base vectors as queries, their own item excluded (by id, a live or a deleted one).
+    own = np.array([int(live[0]), int(dead[0]), int(live[5]), -1], dtype=np.int64)
+    _, self_ids = search(bundle, base[own], K, exclude_ids=own)
+    assert not np.isin(self_ids, dead).any() and not (self_ids == own[:, None]).any()
+    if factory != "HNSW16,Flat":
+        np.testing.assert_array_equal(self_ids, brute_force(base, base[own], live, K, own))
+
+
+def test_k_is_capped_by_the_live_items(tmp_path: Path, data: Any) -> None:
+    base, queries = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
+    live = np.array([3, 77, 150, 151, 299, 300, 420, 421, 500, 555, 598, 599])
+    delete_items(bundle_dir, ids=np.setdiff1d(np.arange(N), live).tolist())
+    bundle = load_bundle(bundle_dir)
+    _, ids = search(bundle, queries, K)
+    np.testing.assert_array_equal(ids, brute_force(base, queries, live, K))
+    _, wide = search(bundle, queries, 500)
+    assert wide.shape == (QUERIES, len(live))
+    np.testing.assert_array_equal(wide, brute_force(base, queries, live, len(live)))
+    _, own = search(bundle, base[live[:2]], 500, exclude_ids=live[:2])
+    assert own.shape == (2, len(live) - 1) and set(own[0]) == set(live) - {live[0]}
+    _, own = search(bundle, base[:2], 500, exclude_ids=np.array([0, 1]))  # deleted themselves
+    np.testing.assert_array_equal(own, brute_force(base, base[:2], live, len(live)))
+
+
+# ---------------------------------------------------------------------------- delete_items
+
+
+def test_delete_by_path_and_by_id(
+    tmp_path: Path, data: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
+    before = current_dir(bundle_dir)
+    inodes = [(before / name).stat().st_ino for name in (INDEX_FILE, ITEMS_FILE)]
+    paths = ["/photos/7.png", "/photos/../photos/9.png"]
+    assert delete_items(bundle_dir, ids=[4], paths=paths) == 3
+    after = current_dir(bundle_dir)
+    assert after != before and not before.exists()
+    # The unchanged index and items.csv are hard links to the previous generation's files.
+    assert [(after / name).stat().st_ino for name in (INDEX_FILE, ITEMS_FILE)] == inodes
+    bundle = load_bundle(bundle_dir)
+    np.testing.assert_array_equal(bundle.deleted, [4, 7, 9])
+    assert bundle.meta["deleted"] == 3 and bundle.meta["count"] == N - 3
+    assert json.loads((bundle_dir / "meta.json").read_text())["files"][DELETED_FILE] > 0
+    # Deleting again is no error and writes nothing.
+    gen = generation_of(bundle_dir)
+    assert delete_items(bundle_dir, ids=[4, 7], paths=["/photos/9.png"]) == 0
+    assert generation_of(bundle_dir) == gen
+    # A relative path is taken from the working folder, as `pactl query --exclude-self` does.
+    monkeypatch.chdir(tmp_path)
+    relative = tmp_path / "rel"
+    index, record = build_index(base[:20], IndexConfig(factory="Flat"), QUIET)
+    save_bundle(relative, index, [(i, str(tmp_path / f"{i}.png"), "") for i in range(20)], record)
+    assert delete_items(relative, paths=["3.png", "./5.png"]) == 2
+    np.testing.assert_array_equal(load_bundle(relative).deleted, [3, 5])
+
+
+def test_delete_refuses_what_the_bundle_lacks(tmp_path: Path, data: Any) -> None:
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
+    gen = generation_of(bundle_dir)
+    with pytest.raises(PactlError, match=r"no item with id 600 in bundle"):
+        delete_items(bundle_dir, ids=[1, 600])
+    with pytest.raises(PactlError, match=r"has the path /photos/nope\.png"):
+        delete_items(bundle_dir, ids=[1], paths=["/photos/nope.png"])
+    assert generation_of(bundle_dir) == gen  # nothing at all was deleted
+    assert len(load_bundle(bundle_dir).deleted) == 0
+    with pytest.raises(PactlError, match="does not exist"):
+        delete_items(tmp_path / "none", ids=[1])
+
+
+def test_tombstones_survive_an_add_and_a_reload_checks_them(tmp_path: Path, data: Any) -> None:
+    base, queries = data
+    bundle_dir = make_bundle(tmp_path / "b", base[:500], "Flat")
+    delete_items(bundle_dir, ids=[1, 2, 3])
+    # An add that also replaces item 10 (its file changed): one new generation does both.
+    new_rows = [(i, f"/photos/{i}.png", "") for i in range(500, 600)]
+    new_rows[0] = (500, "/photos/10.png", "")
+    add_to_bundle(bundle_dir, base[500:], new_rows, {"fingerprint": FINGERPRINT}, replaces=[10])
+    bundle = load_bundle(bundle_dir)
+    np.testing.assert_array_equal(bundle.deleted, [1, 2, 3, 10])
+    assert bundle.live_count == bundle_count(bundle_dir) == 600 - 4
+    _, ids = search(bundle, queries, K)
+    live = np.setdiff1d(np.arange(N), [1, 2, 3, 10])
+    np.testing.assert_array_equal(ids, brute_force(base, queries, live, K))
+    # The path of a replaced file now names its new item, not the deleted one.
+    assert PathIndex(bundle.items).ids(["/photos/10.png"]).tolist() == [500]
+    assert PathIndex(bundle.items, skip=bundle.deleted).ids(["/photos/1.png"]).tolist() == [-1]
+    assert delete_items(bundle_dir, paths=["/photos/10.png"]) == 1
+    assert 500 in load_bundle(bundle_dir).deleted
+    with pytest.raises(PactlError, match="no item with id 9999"):
+        add_to_bundle(
+            bundle_dir, base[:1], [(700, "/x", "")], {"fingerprint": FINGERPRINT}, None, [9999]
+        )
+
+
+def test_a_damaged_tombstone_file_is_refused(tmp_path: Path, data: Any) -> None:
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base[:50], "Flat")
+    delete_items(bundle_dir, ids=[1, 2])
+    tombstones = current_dir(bundle_dir) / DELETED_FILE
+    tombstones.unlink()
+    np.save(tombstones, np.array([1, 77], dtype=np.int64))  # same size, an id that is no item
+    with pytest.raises(PactlError, match="names id 77, not an item"):
+        load_bundle(bundle_dir)
+    tombstones.unlink()
+    with pytest.raises(PactlError, match=f"lacks {DELETED_FILE}"):
+        load_bundle(bundle_dir)
+
+
+def test_an_old_bundle_without_tombstones_loads(tmp_path: Path, data: Any) -> None:
+    """A bundle written before deletes existed: no deleted.npy, no "deleted" in meta.json, and
+    (older still) a flat folder without generations."""
+    base, queries = data
+    bundle_dir = make_bundle(tmp_path / "b", base[:100], "Flat")
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    gen = current_dir(bundle_dir)
+    for name in ("index.faiss", "items.csv"):
+        shutil.copyfile(gen / name, flat / name)
+    meta = json.loads((gen / "meta.json").read_text())
+    for key in ("deleted", "generation", "files"):
+        del meta[key]
+    (flat / "meta.json").write_text(json.dumps(meta))
+    bundle = load_bundle(flat)
+    assert len(bundle.deleted) == 0 and bundle.live_count == bundle_count(flat) == 100
+    np.testing.assert_array_equal(
+        search(bundle, queries, K)[1], brute_force(base, queries, np.arange(100), K)
+    )
+    assert delete_items(flat, ids=[0]) == 1  # and it can be kept up to date from there
+    assert load_bundle(flat).deleted.tolist() == [0]
+    assert compact_bundle(flat)["count"] == 99
+
+
+# ---------------------------------------------------------------------------- compaction
+
+
+@pytest.mark.parametrize(
+    ("factory", "method"),
+    [("Flat", "remove_ids"), ("IVF16,Flat", "remove_ids"), ("HNSW16,Flat", "rebuilt")],
+)
+def test_compact_equals_a_fresh_build(factory: str, method: str, tmp_path: Path, data: Any) -> None:
+    base, queries = data
+    bundle_dir = make_bundle(tmp_path / "b", base, factory)
+    dead = hard_to_serve(base, queries, np.random.default_rng(2))
+    delete_items(bundle_dir, ids=dead.tolist())
+    live = np.setdiff1d(np.arange(N), dead)
+    done = compact_bundle(bundle_dir)
+    assert done == {"removed": len(dead), "count": len(live), "method": method}
+    bundle = opened(bundle_dir, factory)
+    assert bundle.index.ntotal == len(bundle.items) == len(live) == bundle_count(bundle_dir)
+    assert len(bundle.deleted) == 0 and not (bundle_dir / DELETED_FILE).exists()
+    np.testing.assert_array_equal(bundle.items.ids, live)
+    assert bundle.items.paths.tolist() == [f"/photos/{i}.png" for i in live]
+    assert bundle.meta["search_params"] == load_bundle(bundle_dir).meta["search_params"]
+    # The vectors left are exactly the live ones (HNSW's rebuild re-adds what it held).
+    if factory != "IVF16,Flat":
+        np.testing.assert_allclose(bundle.index.reconstruct_batch(live), base[live], atol=1e-6)
+    truth = brute_force(base, queries, live, K)
+    _, ids = search(bundle, queries, K)
+    fresh, _ = build_index(base[live], IndexConfig(factory=factory), QUIET, ids=live)
+    if KINDS[factory]:
+        faiss.ParameterSpace().set_index_parameters(fresh, KINDS[factory])
+    fresh_ids = fresh.search(queries, K)[1]
+    if factory == "HNSW16,Flat":
+        assert recall(ids, truth) >= 0.99 and recall(fresh_ids, truth) >= 0.99
+    else:
+        np.testing.assert_array_equal(ids, truth)
+        np.testing.assert_array_equal(ids, fresh_ids)
+    # Nothing left to compact: no new generation.
+    gen = generation_of(bundle_dir)
+    assert compact_bundle(bundle_dir)["method"] == "none" and generation_of(bundle_dir) == gen
+
+
+def test_compact_an_on_disk_bundle(tmp_path: Path, data: Any) -> None:
+    base, queries = data
+    out = tmp_path / "b"
+    ids = np.arange(N, dtype=np.int64)
+    with new_gen(out) as gen:
+        parts = [(base[:300], ids[:300]), (base[300:], ids[300:])]
+        index, record = build_ondisk_index(parts, IndexConfig(factory="IVF16,Flat"), QUIET, gen)
+        write_bundle(gen, index, rows(N), {"fingerprint": FINGERPRINT, **record})
+    lists = (out / "index.ivfdata").stat()
+    dead = hard_to_serve(base, queries, np.random.default_rng(3))
+    delete_items(out, ids=dead.tolist())
+    assert (out / "index.ivfdata").stat().st_ino == lists.st_ino  # linked, not copied
+    live = np.setdiff1d(np.arange(N), dead)
+    assert compact_bundle(out)["method"] == "copied"
+    bundle = opened(out, "IVF16,Flat")
+    assert bundle.meta["on_disk"] and bundle.index.ntotal == len(live)
+    assert (out / "index.ivfdata").stat().st_size < lists.st_size  # packed, not holes
+    _, found = search(bundle, queries, K)
+    np.testing.assert_array_equal(found, brute_force(base, queries, live, K))
+    assert not [p for p in current_dir(out).iterdir() if p.name.startswith(".")]
+
+
+def test_compact_refuses_an_index_that_cannot_give_back_its_vectors(
+    tmp_path: Path, data: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base[:50], "HNSW16,Flat")
+    delete_items(bundle_dir, ids=[1])
+    gen = generation_of(bundle_dir)
+
+    def cannot(*args: Any) -> None:
+        raise RuntimeError("Error: reconstruct not implemented for this type of index")
+
+    # HNSW cannot remove; with reconstruction gone too, nothing is left to compact with.
+    monkeypatch.setattr(faiss.IndexIDMap2, "reconstruct_batch", cannot)
+    with pytest.raises(PactlError, match=r"rebuild the bundle from the vectors folder"):
+        compact_bundle(bundle_dir)
+    assert generation_of(bundle_dir) == gen and load_bundle(bundle_dir).deleted.tolist() == [1]
+
+
+def new_gen(out: Path) -> Any:
+    from pactl.fsutil import new_generation
+
+    return new_generation(out, BUNDLE_FILES)
+
+
+# ---------------------------------------------------------------------------- the CLI
+
+
+def small_bundle(tmp_path: Path, base: np.ndarray, n: int = 30) -> Path:
+    """A Flat bundle whose items are tmp_path/img/<id>.png (relative: img/<id>.png)."""
+    index, record = build_index(base[:n], IndexConfig(factory="Flat"), QUIET)
+    items = [(i, str(tmp_path / "img" / f"{i}.png"), "") for i in range(n)]
+    save_bundle(tmp_path / "b", index, items, {"fingerprint": FINGERPRINT, **record})
+    return tmp_path / "b"
+
+
+def test_cli_delete_and_compact(
+    tmp_path: Path, data: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, _ = data
+    bundle_dir = small_bundle(tmp_path, base)
+    b = str(bundle_dir)
+    code, out, err = run_cli(
+        ["index", b, "--delete", "3", "--delete", "img/5.png"], monkeypatch, capsys
+    )
+    assert (code, out) == (0, f"deleted 2 items from {b} (28 left)\n"), err
+    code, out, _ = run_cli(
+        ["index", b, "--delete", "-", "-q"], monkeypatch, capsys, stdin="7\nimg/9.png\n\n"
+    )
+    assert (code, out) == (0, f"deleted 2 items from {b} (26 left)\n")
+    assert load_bundle(bundle_dir).deleted.tolist() == [3, 5, 7, 9]
+    # Unknown names: exit 1, one line naming it, nothing deleted.
+    for name in ("img/none.png", "30"):
+        code, out, err = run_cli(
+            ["index", b, "--delete", "1", "--delete", name], monkeypatch, capsys
+        )
+        assert code == 1 and out == "" and err.count("\n") == 1 and name.split("/")[-1] in err, err
+    code, _, err = run_cli(["index", b, "--delete", "-"], monkeypatch, capsys, stdin="")
+    assert code == 1 and "standard input" in err
+    assert load_bundle(bundle_dir).deleted.tolist() == [3, 5, 7, 9]
+    code, out, _ = run_cli(["index", b, "--compact"], monkeypatch, capsys)
+    assert (code, out) == (0, f"compacted {b}: removed 4 deleted items (26 in all)\n")
+    bundle = load_bundle(bundle_dir)
+    assert len(bundle.items) == bundle.index.ntotal == 26 and len(bundle.deleted) == 0
+    # Usage mistakes: exit 2.
+    assert run_cli(["index", "--compact"], monkeypatch, capsys)[0] == 2
+    assert run_cli(["index", b, "--delete", "1", "--add", b], monkeypatch, capsys)[0] == 2
+
+
+def test_a_second_writer_is_refused_for_delete(
+    tmp_path: Path, data: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, _ = data
+    bundle_dir = small_bundle(tmp_path, base)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; from pathlib import Path; from pactl.fsutil import writer_lock\n"
+            f"with writer_lock(Path({str(bundle_dir)!r})):\n"
+            "    print('locked', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        for args in (["--delete", "1"], ["--compact"]):
+            code, _, err = run_cli(["index", str(bundle_dir), *args], monkeypatch, capsys)
+            assert code == 1 and err.count("\n") == 1 and "another pactl process" in err
+        with pytest.raises(PactlError, match="being written by another pactl process"):
+            delete_items(bundle_dir, ids=[1])
+        assert len(load_bundle(bundle_dir).deleted) == 0  # readers do not wait for the lock
+    finally:
+        holder.kill()
+        holder.wait()
+    assert delete_items(bundle_dir, ids=[1]) == 1
+
+
+def test_add_replaces_the_vector_of_a_changed_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pactl.pipeline import query_chunks
+
+    imgs = make_class_folder(tmp_path / "imgs", classes=2, per_class=3, seed=1)
+    b = tmp_path / "b"
+    code, _, err = run_cli(["index", str(imgs), *MODEL, "--out", str(b), "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    target = imgs / "class_0" / "1.png"
+    before = load_bundle(b)
+    old_id = int(PathIndex(before.items).ids([str(target)])[0])
+    assert old_id >= 0 and before.live_count == 6
+
+    def best(k: int) -> list[Any]:
+        chunk = next(query_chunks(b, [target], k, None, False, "cpu", QUIET))
+        return chunk.hits[0]
+
+    assert best(1)[0].id == old_id and best(1)[0].score > 0.999
+    # Another picture under the same name (another size, and a later mtime).
+    noise = np.random.default_rng(9).integers(0, 256, size=(24, 20, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(target)
+    stat = target.stat()
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
+    code, out, err = run_cli(["index", str(imgs), "--add", str(b)], monkeypatch, capsys)
+    assert code == 0, err
+    assert out == f"added 0 items and replaced 1 changed ones to {b} (6 in all)\n"
+    after = load_bundle(b)
+    new_id = int(PathIndex(after.items).ids([str(target)])[0])
+    assert new_id == before.items.max_id() + 1
+    assert after.deleted.tolist() == [old_id] and after.live_count == 6
+    assert after.index.ntotal == len(after.items) == 7  # the old vector is a tombstone
+    hits = best(10)
+    assert hits[0].id == new_id and hits[0].score > 0.999  # the new picture finds itself
+    assert old_id not in [h.id for h in hits] and len(hits) == 6
+    # Unchanged now: nothing to embed; an unknown size/mtime (an older bundle) is unchanged too.
+    code, out, _ = run_cli(["index", str(imgs), "--add", str(b)], monkeypatch, capsys)
+    assert out == f"added 0 items to {b} (6 in all)\n"
+    assert compact_bundle(b)["count"] == 6
+    assert [h.id for h in best(6)][0] == new_id
+
+
+def test_what_an_add_embeds(tmp_path: Path, data: Any) -> None:
+    """New files, and changed ones (size or mtime differs from the recorded one); unknown
+    size/mtime (-1, an older bundle) is taken as unchanged, and a deleted file comes back new."""
+    from pactl.pipeline import _to_embed
+
+    base, _ = data
+    files = [tmp_path / f"{i}.png" for i in range(5)]
+    for i, f in enumerate(files):
+        f.write_bytes(b"x" * (10 + i))
+    mtime = files[1].stat().st_mtime_ns
+    recorded = [
+        (0, str(files[0]), ""),  # nothing recorded: unchanged
+        (1, str(files[1]), "", 11, mtime),  # as recorded: unchanged
+        (2, str(files[2]), "", 99, -1),  # another size: changed
+        (3, str(files[3]), "", -1, mtime - 1),  # another mtime: changed
+    ]
+    index, record = build_index(base[:4], IndexConfig(factory="Flat"), QUIET)
+    save_bundle(tmp_path / "b", index, recorded, {"fingerprint": FINGERPRINT, **record})
+    new, changed = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
+    assert [f for f, _ in new] == files[2:] and changed == {str(files[2]): 2, str(files[3]): 3}
+    delete_items(tmp_path / "b", ids=[0])
+    new, changed = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
+    assert [f for f, _ in new] == [files[0], *files[2:]] and len(changed) == 2
