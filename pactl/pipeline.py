@@ -261,7 +261,7 @@ def _add_locked(
     if changed:
         reporter.log(f"{len(changed)} images changed since they were indexed: replacing them")
     scratch = bundle_dir / ".add"
-    first = bundle.items.max_id() + 1
+    first = bundle.next_id
     ids = np.arange(first, first + len(new), dtype=np.int64)
     recorded = bundle_checkpoint(bundle.meta, bundle_dir)
     model_from: ModelSource = recorded or read_config(
@@ -480,10 +480,11 @@ def query_chunks(
     from pactl.search import PathIndex, hits, search
 
     bundle, model, model_cfg, device = open_query_model(bundle_dir, checkpoint, device_name)
-    if k > bundle.index.ntotal:
-        reporter.log(f"--k {k} is more than the {bundle.index.ntotal} items indexed; showing all")
+    if k > bundle.live_count:
+        reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
     # Queries are found among the indexed items only when that is asked for.
-    lookup = PathIndex(bundle.items) if exclude_self or know_labels else None
+    wanted = exclude_self or know_labels
+    lookup = PathIndex(bundle.items, skip=bundle.deleted) if wanted else None
     it = iter(images)
     while batch := list(islice(it, chunk)):
         if len(batch) >= PREPARE_MIN_IMAGES:  # many queries: prepare the network, once

@@ -298,6 +298,22 @@ def test_compact_equals_a_fresh_build(factory: str, method: str, tmp_path: Path,
     assert compact_bundle(bundle_dir)["method"] == "none" and generation_of(bundle_dir) == gen
 
 
+def test_ids_removed_by_a_compaction_are_never_given_again(tmp_path: Path, data: Any) -> None:
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
+    top = list(range(N - 5, N))
+    delete_items(bundle_dir, ids=top)
+    compact_bundle(bundle_dir)
+    bundle = load_bundle(bundle_dir)
+    assert bundle.items.max_id() == N - 6 and bundle.next_id == N  # not N - 5
+    assert json.loads((bundle_dir / "meta.json").read_text())["next_id"] == N
+    new = unit(np.random.default_rng(9).standard_normal((2, base.shape[1]))).astype(np.float32)
+    first = bundle.next_id
+    add_to_bundle(bundle_dir, new, rows(2, start=first), {"fingerprint": FINGERPRINT})
+    again = load_bundle(bundle_dir)
+    assert again.items.ids[-2:].tolist() == [N, N + 1] and again.next_id == N + 2
+
+
 def test_compact_an_on_disk_bundle(tmp_path: Path, data: Any) -> None:
     base, queries = data
     out = tmp_path / "b"

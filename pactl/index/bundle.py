@@ -71,6 +71,13 @@ class Bundle:
         """Whether each id (any shape) is a tombstone; False for -1 and unknown ids."""
         return in_sorted(np.asarray(ids, dtype=np.int64), self.deleted)
 
+    @property
+    def next_id(self) -> int:
+        """The first id never given to an item of this bundle: above every id it holds and
+        every id a compaction removed (meta.json "next_id"), so an id names one item for
+        good, and a client that kept an old id never gets another item under it."""
+        return max(int(self.meta.get("next_id", 0)), self.items.max_id() + 1)
+
 
 # ---------------------------------------------------------------------------- bundles on disk
 
@@ -145,6 +152,7 @@ def _write_meta(
     if len(dead):
         np.save(gen / DELETED_FILE, dead, allow_pickle=False)
     derived = {**derived, "count": len(items) - len(dead), "deleted": len(dead)}
+    derived["next_id"] = max(int(meta.get("next_id", 0)), items.max_id() + 1)
     header = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "pactl_version": __version__}
     mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files"}
     rest = {k: v for k, v in meta.items() if k not in mine}
@@ -215,7 +223,7 @@ def add_to_bundle(
         if len(clash):
             raise PactlError(
                 f"id {int(clash[0])} is already in {bundle_dir} ({len(clash)} clashing ids); "
-                f"number new items from {bundle.items.max_id() + 1}"
+                f"number new items from {bundle.next_id}"
             )
         gone = np.asarray(replaces, dtype=np.int64)
         unknown = gone[bundle.items.positions(gone) < 0]
@@ -606,6 +614,7 @@ def _read_meta(path: Path, gen: Path) -> dict[str, Any]:
     records.field(meta, "dimension", int, where, 1, 65_536)
     records.field(meta, "count", int, where, 0, 2**40)
     records.field(meta, "deleted", int, where, 0, 2**40, optional=True)
+    records.field(meta, "next_id", int, where, 0, 2**62, optional=True)
     records.field(meta, "fingerprint", str, where, optional=True)
     records.field(meta, "checkpoint", str, where, optional=True)
     records.field(meta, "model_config", dict, where, optional=True)
