@@ -917,6 +917,14 @@ def query(
     ] = None,
     device: Device = "auto",
     follow_links: FollowLinks = False,
+    server: Annotated[
+        str | None,
+        typer.Option(help="Send the queries to a running `pactl serve` at this URL (same output)."),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="PACTL_TOKEN", help="With --server: the service's token."),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Top-k most similar indexed images for each query image, on stdout.
@@ -932,6 +940,7 @@ def query(
       find queries -name '*.png' -print0 | pactl query - -0 --paths-only
       pactl query img.png --paths-only -0 | xargs -0 ls -l
       pactl query queries/ --k 5 --grid hits.png
+      pactl query img.png --server http://127.0.0.1:8000
     """
     from pactl import pipeline
     from pactl.output import HitWriter
@@ -940,6 +949,23 @@ def query(
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid)
     check_query_format(images, fmt, paths_only, null)
+    if server is not None:
+        local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
+        given = [name for name, value in local.items() if value is not None]
+        if given or device != "auto":
+            shown = ", ".join(given + (["--device"] if device != "auto" else []))
+            raise UsageError(f"--server queries the service's own bundle and network: drop {shown}")
+        from pactl.serve.client import check_url, remote_chunks
+
+        paths = query_paths(images, null, follow_links, log)
+        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self)
+        chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
+        skipped = answer_queries(
+            chunks, HitWriter(out, sys.stdout, chosen, paths_only, null), strict, None
+        )
+        if skipped:
+            log.warn(f"{skipped} unreadable query images skipped")
+        return
     bundle = index_dir or pipeline.find_bundle(runs_dir())
     if index_dir is None:
         log.log(f"using index {bundle}")
@@ -1226,6 +1252,81 @@ def show_list(what: What, fmt: ListFormat | None) -> None:
     with to_stdout():
         sys.stdout.write(text)
         sys.stdout.flush()
+
+
+@app.command(short_help="Answer queries over HTTP: a JSON API and a web page.")
+def serve(
+    bundle: Annotated[Path, typer.Argument(help="Bundle folder to serve.")],
+    host: Annotated[
+        str, typer.Option(help="Address to bind; any but loopback needs --token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PACTL_TOKEN",
+            help="Secret every request must carry (Authorization: Bearer TOKEN).",
+        ),
+    ] = None,
+    allow_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            metavar="DIR", help="Folder whose images POST /query?path= may read (repeatable)."
+        ),
+    ] = None,
+    upload_dir: Annotated[
+        Path | None, typer.Option(help="Where POST /add keeps images (default: BUNDLE/uploads).")
+    ] = None,
+    max_upload_mb: Annotated[
+        float, typer.Option(min=0.001, max=4096, help="Largest request body, in MiB.")
+    ] = 20.0,
+    max_batch: Annotated[
+        int, typer.Option(min=1, max=1024, help="Images in one forward pass, at most.")
+    ] = 32,
+    batch_wait_ms: Annotated[
+        float,
+        typer.Option(min=0, max=1000, help="How long a pass waits for requests to join it."),
+    ] = 4.0,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Load the network and the bundle once and answer queries over HTTP: a JSON API
+    (POST /query, GET /items/ID, POST /add, POST /delete, GET /health, OpenAPI at /docs) and a
+    web page at /. Requests that arrive together share one forward pass; a new generation of
+    the bundle (pactl index --add, a delete) is picked up as it lands.
+
+    Examples:
+
+    \b
+      pactl serve runs/demo/index                     # http://127.0.0.1:8000/
+      pactl serve index --allow-root /data/photos
+      PACTL_TOKEN=... pactl serve index --host 0.0.0.0
+    """
+    import importlib.util
+
+    needed = {"fastapi": "fastapi", "uvicorn": "uvicorn", "python_multipart": "python-multipart"}
+    missing = [pkg for module, pkg in needed.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise PactlError(f"pactl serve needs {', '.join(missing)}: pip install 'pactl[serve]'")
+    from pactl.index import check_folder
+    from pactl.serve.config import ServeConfig
+    from pactl.serve.server import serve as run_service
+
+    check_option("--device", device, TRAIN_RULES["device"])
+    check_folder(bundle)
+    config = ServeConfig(
+        bundle=bundle,
+        host=host,
+        port=port,
+        token=token,
+        device=device,
+        allow_roots=tuple(allow_root or ()),
+        upload_dir=upload_dir,
+        max_upload_bytes=int(max_upload_mb * 1024 * 1024),
+        max_batch=max_batch,
+        batch_wait_ms=batch_wait_ms,
+    )
+    run_service(config, reporter(quiet))
 
 
 @contextmanager
