@@ -21,7 +21,7 @@ WORKDIR /opt/pactl
 COPY pyproject.toml README.md ./
 RUN python -m pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu \
  && mkdir pactl && echo '__version__ = "0"' > pactl/__init__.py \
- && python -m pip install . && python -m pip uninstall -y pactl && rm -r pactl
+ && python -m pip install ".[serve]" && python -m pip uninstall -y pactl && rm -r pactl
 COPY pactl ./pactl
 RUN python -m pip install --no-deps . \
  && useradd --create-home --uid 1000 pactl \
@@ -29,10 +29,14 @@ RUN python -m pip install --no-deps . \
 VOLUME ["/cache"]
 WORKDIR /work
 USER 1000:1000
+# pactl serve (the serve extra is installed) on the published port:
+#   docker run -p 8000:8000 -v "$PWD:/work" pactl:cpu serve /work/index --host 0.0.0.0 --token SECRET
+EXPOSE 8000
 ENTRYPOINT ["pactl"]
 CMD ["--help"]
 
-FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime AS cuda
+# PyTorch's own CUDA 12 runtime image (torch, torchvision, CUDA 12.6, cuDNN 9).
+FROM pytorch/pytorch:2.14.0-cuda12.6-cudnn9-runtime AS cuda
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -42,9 +46,13 @@ ENV PYTHONUNBUFFERED=1 \
     MPLCONFIGDIR=/cache/matplotlib
 WORKDIR /opt/pactl
 # torch comes with the base image; the install keeps it (the range torch>=2.3 is satisfied).
+# FAISS with GPU support (the `gpu` extra, faiss-gpu-cu12) replaces faiss-cpu: both install
+# the same `faiss` module, so faiss-cpu is removed and the GPU build written again over it.
 COPY pyproject.toml README.md ./
 RUN mkdir pactl && echo '__version__ = "0"' > pactl/__init__.py \
- && python -m pip install . && python -m pip uninstall -y pactl && rm -r pactl
+ && python -m pip install ".[gpu,serve]" && python -m pip uninstall -y faiss-cpu \
+ && python -m pip install --no-deps --force-reinstall "faiss-gpu-cu12>=1.11" \
+ && python -m pip uninstall -y pactl && rm -r pactl
 COPY pactl ./pactl
 RUN python -m pip install --no-deps . \
  && useradd --create-home --uid 1000 pactl \
@@ -52,5 +60,8 @@ RUN python -m pip install --no-deps . \
 VOLUME ["/cache"]
 WORKDIR /work
 USER 1000:1000
+# pactl serve (the serve extra is installed) on the published port:
+#   docker run -p 8000:8000 -v "$PWD:/work" --gpus all pactl:cuda serve /work/index --host 0.0.0.0 --token SECRET
+EXPOSE 8000
 ENTRYPOINT ["pactl"]
 CMD ["--help"]

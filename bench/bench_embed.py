@@ -510,6 +510,134 @@ def _cl_copy(model: Any) -> Any:
     return copy.deepcopy(model).to(memory_format=torch.channels_last)
 
 
+# --------------------------------------------------------------------------- fast path
+
+
+FASTPATH_SIZES = (1_000, 10_000, 100_000)  # embed sizes the one-off costs are spread over
+
+
+def fastpath_variants(model: Any, config: Any, chosen: list[str]) -> dict[str, Callable[[], Any]]:
+    """Name -> a function that prepares a copy of the network and returns its forward."""
+    import torch
+
+    from pactl.embed import Compiled, fuse_batchnorm, inference_model
+
+    def eager() -> Any:
+        return _cl_copy(model)
+
+    def script() -> Any:  # today's path: trace, freeze, optimize_for_inference
+        return inference_model(_cl_copy(model), config, torch.device("cpu"))
+
+    def fused() -> Any:  # BatchNorm folded into the convolutions by torch.fx, eager otherwise
+        return fuse_batchnorm(_cl_copy(model))
+
+    def compiled() -> Any:  # pactl's: inductor with freezing, on fixed chunks of 32 images
+        return Compiled(_cl_copy(model))
+
+    def exported() -> Any:  # torch.export + AOTInductor: a compiled .so, loaded back
+        import tempfile as tf
+
+        size = config.image_size
+        example = torch.randn(2, 3, size, size).contiguous(memory_format=torch.channels_last)
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        program = torch.export.export(_cl_copy(model), (example,), dynamic_shapes=({0: batch},))
+        folder = tf.mkdtemp(prefix="pactl-aoti-")
+        with torch._inductor.config.patch(freezing=True):
+            package = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(Path(folder) / "net.pt2")
+            )
+        return torch._inductor.aoti_load_package(package)
+
+    variants = {
+        "eager": eager,
+        "torchscript": script,
+        "fx-fused": fused,
+        "compile": compiled,
+        "export+aoti": exported,
+    }
+    return {name: make for name, make in variants.items() if name.split("+")[0] in chosen}
+
+
+def fastpath(folder: Path, checkpoint: Path, args: argparse.Namespace) -> list[str]:
+    """The network alone, prepared each way, in this process: one-off preparation seconds (the
+    first call at the batch size, and the first call at another batch size, which a compiled
+    network recompiles for), then the median ms per image over rounds in shuffled order, and
+    the cosine of its vectors to the eager network's."""
+    import torch
+
+    from pactl.checkpoint import load_model
+    from pactl.console import QUIET
+    from pactl.embed import loader_for
+    from pactl.pipeline import source_items
+
+    torch.set_num_threads(args.threads)
+    files, _ = source_items(str(folder), None, QUIET)
+    model, config, _ = load_model(checkpoint)
+    model.eval()
+    batch = args.fastpath_batch
+    loader = loader_for(files, None, config, batch, 0, torch.device("cpu"))
+    images = next(iter(loader)).images.contiguous(memory_format=torch.channels_last)
+    if len(images) < batch:
+        raise SystemExit(f"--fastpath needs at least {batch} images (--images)")
+    other = images[: batch - 1]  # a last, shorter batch
+    forwards: dict[str, Any] = {}
+    prep: dict[str, tuple[float, float]] = {}
+    chosen = args.variants.split(",")
+    for name, make in fastpath_variants(model, config, chosen).items():
+        log(f"fastpath: preparing {name} ...")
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode(False):
+                net = make()
+            with torch.inference_mode():
+                net(images)
+            first = time.perf_counter() - start
+            start = time.perf_counter()
+            with torch.inference_mode():
+                net(other)
+        except Exception as e:  # one variant failing must not hide the others' figures
+            log(f"  {name} failed: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        forwards[name] = net
+        prep[name] = (first, time.perf_counter() - start)
+
+    def forward(net: Any) -> Any:
+        with torch.inference_mode():
+            return net(images).float()
+
+    log(f"fastpath: {len(forwards)} variants, batch {batch}, {args.fastpath_rounds} rounds ...")
+    calls: dict[str, Callable[[], object]] = {
+        name: functools.partial(forward, net) for name, net in forwards.items()
+    }
+    times = median_seconds(calls, rounds=args.fastpath_rounds)
+    if "eager" not in forwards:
+        raise SystemExit("--fastpath needs the eager variant (the reference)")
+    reference = forward(forwards["eager"])
+    per_image = {name: wall / batch for name, (wall, _) in times.items()}
+    base = "torchscript" if "torchscript" in per_image else "eager"
+    sizes = " | ".join(f"{n:,} images s" for n in FASTPATH_SIZES)
+    lines = [
+        f"The network alone: {config.backbone} at {config.image_size}, fp32, channels_last, "
+        f"batch {batch}, {args.threads} threads; median of {args.fastpath_rounds} rounds in "
+        f"shuffled order after one untimed round. Totals = first call + another batch size's "
+        f"first call + images x ms per image.",
+        "",
+        f"| variant | first call s | other batch size s | ms per image | CPU ms per image | "
+        f"{base} / variant | cos vs eager: min | {sizes} |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: |" * len(FASTPATH_SIZES),
+    ]
+    for name, (first, second) in prep.items():
+        wall, cpu = times[name]
+        cos = (forward(forwards[name]) * reference).sum(dim=1).min().item()
+        totals = " | ".join(f"{first + second + n * per_image[name]:.0f}" for n in FASTPATH_SIZES)
+        lines.append(
+            f"| {name} | {first:.1f} | {second:.1f} | {per_image[name] * 1e3:.1f} | "
+            f"{cpu / batch * 1e3:.1f} | {per_image[base] / per_image[name]:.2f} | {cos:.6f} | "
+            f"{totals} |"
+        )
+    return lines
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -527,6 +655,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--breakdown", action="store_true", help="time loaders and model apart")
     parser.add_argument("--breakdown-images", type=int, default=128)
     parser.add_argument("--breakdown-batch", type=int, default=32)
+    parser.add_argument(
+        "--fastpath", action="store_true", help="only the network, prepared each way"
+    )
+    parser.add_argument("--fastpath-batch", type=int, default=32)
+    parser.add_argument("--fastpath-rounds", type=int, default=3)
+    parser.add_argument(
+        "--variants",
+        default="eager,torchscript,fx-fused,compile",
+        help="--fastpath: of eager, torchscript, fx-fused, compile, export (AOTInductor)",
+    )
     default_work = Path(tempfile.gettempdir()) / "pactl-bench-embed"
     parser.add_argument("--work", type=Path, default=default_work, help="image cache folder")
     parser.add_argument("--seed", type=int, default=0)
@@ -553,6 +691,9 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = ensure_checkpoint(
         args.work, args.backbone, args.image_size, args.resize_size, args.seed
     )
+    if args.fastpath:
+        print("\n".join(fastpath(folder, checkpoint, args)))
+        return 0
     sides = ["baseline", "pactl", *[f"pactl-{extra}" for extra in dict.fromkeys(args.extra)]]
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         walls, reports, outs = time_sides(sides, folder, checkpoint, Path(tmp), args)

@@ -10,7 +10,15 @@ Steps, each printed as a markdown table row on stdout (progress on stderr):
 3. DDP with nccl across the visible GPUs (2+ needed; with one GPU a world of one is started to
    check the nccl path): the global-batch loss equals the single-process loss;
 4. embed throughput of pactl.embed.embed_files on synthetic photo-sized JPEGs, fp32 vs bf16;
-5. FAISS on those device-made vectors: pactl's default index against exact search.
+5. FAISS on those device-made vectors: pactl's default index against exact search;
+6. JPEG decoding on the GPU (`pactl embed --gpu-decode`, nvJPEG) against PIL: images/s of the
+   whole embed, and the vectors' agreement;
+7. FAISS on the GPU (the `gpu` extra) against the CPU: build and search seconds of Flat, IVF
+   with a flat quantiser and pactl's default IVF-HNSW on 200,000 vectors spread around the
+   device-made ones, with each one's Recall@10 against exact search;
+8. torch.compile on CUDA: first-call (compile) seconds and ms per batch against eager, bf16.
+
+    python bench/gpu_check.py --dry-run       # the CPU parts only, CUDA steps say "skipped"
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,7 +59,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device: torch.device, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Any, device: torch.device, repeats: int) -> float:
     fn()  # warm-up (kernels, cudnn autotune)
     sync(device)
     times = []
@@ -177,7 +186,7 @@ def embed_and_index(device: torch.device, quick: bool, workers: int) -> None:
         files = []
         for i in range(n):
             base = rng.integers(0, 255, size=(8, 8, 3), dtype=np.uint8)
-            img = Image.fromarray(base).resize((side, side * 3 // 4), Image.BILINEAR)
+            img = Image.fromarray(base).resize((side, side * 3 // 4), Image.Resampling.BILINEAR)
             path = Path(tmp) / f"{i:05d}.jpg"
             img.save(path, quality=90)
             files.append(path)
@@ -213,13 +222,144 @@ def embed_and_index(device: torch.device, quick: bool, workers: int) -> None:
         )
 
 
+def make_jpegs(folder: Path, n: int, side: int) -> list[Path]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(n):
+        base = rng.integers(0, 255, size=(8, 8, 3), dtype=np.uint8)
+        img = Image.fromarray(base).resize((side, side * 3 // 4), Image.Resampling.BILINEAR)
+        noise = rng.integers(-8, 9, size=(side * 3 // 4, side, 3))
+        pixels = np.clip(np.asarray(img, np.int16) + noise, 0, 255).astype(np.uint8)
+        path = folder / f"{i:05d}.jpg"
+        Image.fromarray(pixels).save(path, quality=90)
+        files.append(path)
+    return files
+
+
+def gpu_decode(device: torch.device, quick: bool, workers: int) -> None:
+    """`--gpu-decode` against PIL, the whole embed timed (decode, transform, network)."""
+    if device.type != "cuda":
+        row("embed --gpu-decode vs PIL", "skipped (no CUDA)", "", "")
+        return
+    from pactl.embed import embed_files
+    from pactl.model import build_model
+
+    n, side = (64, 256) if quick else (2048, 1024)
+    backbone = "small" if quick else "resnet50"
+    with tempfile.TemporaryDirectory() as tmp:
+        files = make_jpegs(Path(tmp), n, side)
+        net, cfg = build_model(ModelConfig(backbone=backbone, weights="none"))
+        net.to(device)
+        got = {}
+        for on_gpu in (False, True, False, True):  # twice each: the first pass warms caches
+            start = time.perf_counter()
+            done = embed_files(
+                net, files, cfg, device, QUIET, workers=workers, amp="bf16", gpu_decode=on_gpu
+            )
+            sync(device)
+            got[on_gpu] = (n / (time.perf_counter() - start), done.vectors)
+        ratio = got[True][0] / got[False][0]
+        cos = float(np.mean(np.sum(got[True][1] * got[False][1], axis=1)))
+        row(
+            f"embed {n} JPEGs {side}x{side * 3 // 4} {backbone} bf16, {workers} workers",
+            f"GPU decode {got[True][0]:.0f} img/s vs PIL {got[False][0]:.0f} img/s",
+            f"x{ratio:.2f}, mean cosine {cos:.4f}",
+            "faster: consider on by default" if ratio > 1.1 else "keep off by default",
+        )
+
+
+def spread(vectors: np.ndarray, n: int, device: torch.device) -> np.ndarray:
+    """`n` unit vectors scattered around the given ones (made on the device)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    base = torch.from_numpy(np.ascontiguousarray(vectors)).to(device)
+    pick = torch.randint(0, len(base), (n,), generator=gen, device=device)
+    noise = torch.randn(n, base.shape[1], generator=gen, device=device) * 0.05
+    out = torch.nn.functional.normalize(base[pick] + noise, dim=1)
+    return out.float().cpu().numpy()
+
+
+def faiss_gpu_vs_cpu(device: torch.device, quick: bool) -> None:
+    """Build + search on the GPU (faiss-gpu-cu12, the `gpu` extra) against the CPU."""
+    from pactl import metrics
+    from pactl.index.build import build_index, faiss_gpus, gpu_searcher
+
+    gpus = faiss_gpus("auto")
+    dim, n = (64, 20_000) if quick else (512, 200_000)
+    seeds = torch.randn(256, dim, generator=torch.Generator().manual_seed(3))
+    made = spread(torch.nn.functional.normalize(seeds, dim=1).numpy(), n, device)
+    queries = made[:1000]
+    _, exact = metrics.knn(queries, made, 11)
+    factories = ["Flat", f"IVF{256 if quick else 1024},Flat", None]  # None: pactl's default
+    for factory in factories:
+        for where in ("cpu", "gpu"):
+            if where == "gpu" and not gpus:
+                row(f"FAISS {factory or 'default'} on GPU", "skipped", "FAISS has no GPU", "")
+                continue
+            config = IndexConfig(factory=factory, faiss_device=where)
+            index, record = build_index(made, config, QUIET)
+            searcher = gpu_searcher(index, gpus if where == "gpu" else 0)  # Flat: a GPU copy
+            start = time.perf_counter()
+            _, ids = searcher.search(queries, 11)
+            searched = time.perf_counter() - start
+            recall = np.mean(
+                [len(set(a[1:]) & set(b[1:])) / 10 for a, b in zip(ids, exact, strict=True)]
+            )
+            row(
+                f"FAISS {record['factory']} on {where.upper()}, {n:,} x {dim}",
+                f"build {record['build_seconds']:.1f} s",
+                f"search 1,000 queries {searched * 1e3:.0f} ms, R@10 {recall:.3f}",
+                "ok" if recall >= 0.9 else "CHECK",
+            )
+
+
+def compile_on_cuda(device: torch.device, quick: bool, repeats: int) -> None:
+    """torch.compile (inductor) against eager on the GPU, bf16 autocast, channels_last."""
+    if device.type != "cuda":
+        row("torch.compile on CUDA", "skipped (no CUDA)", "", "")
+        return
+    from pactl.model import build_model
+
+    backbone, size, batch = ("small", 64, 32) if quick else ("resnet50", 224, 128)
+    net, _ = build_model(ModelConfig(backbone=backbone, weights="none", image_size=size))
+    net = net.to(device).eval().to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, size, size, device=device).contiguous(
+        memory_format=torch.channels_last
+    )
+
+    def run(model: Any) -> torch.Tensor:
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            return model(x).float()
+
+    compiled = torch.compile(net)
+    start = time.perf_counter()
+    run(compiled)
+    sync(device)
+    first = time.perf_counter() - start
+    eager_s = timed(lambda: run(net), device, repeats)
+    compiled_s = timed(lambda: run(compiled), device, repeats)
+    cos = float(torch.nn.functional.cosine_similarity(run(net), run(compiled)).min())
+    row(
+        f"torch.compile {backbone}@{size} b{batch} bf16",
+        f"{compiled_s * 1e3:.1f} ms vs eager {eager_s * 1e3:.1f} ms (x{eager_s / compiled_s:.2f})",
+        f"compile {first:.0f} s, min cosine {cos:.5f}",
+        "ok" if cos > 0.99 else "CHECK",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument(
+        "--dry-run", action="store_true", help="--device cpu --quick: CUDA steps are skipped"
+    )
     args = parser.parse_args()
+    if args.dry_run:
+        args.device, args.quick, args.repeats = "cpu", True, min(args.repeats, 2)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         log("no CUDA device visible; use --device cpu for a smoke run")
         return 2
@@ -237,12 +377,15 @@ def main() -> int:
         lambda: loss_device_vs_cpu(device, args.quick, args.repeats),
         lambda: ddp_nccl(device),
         lambda: embed_and_index(device, args.quick, args.workers),
+        lambda: gpu_decode(device, args.quick, args.workers),
+        lambda: faiss_gpu_vs_cpu(device, args.quick),
+        lambda: compile_on_cuda(device, args.quick, args.repeats),
     ]
-    for step in steps:
+    for number, step in enumerate(steps, 1):
         try:
             step()
         except Exception as e:  # one failing check must not hide the others' figures
-            row(getattr(step, "__name__", "step"), "FAILED", type(e).__name__, str(e)[:80])
+            row(f"step {number}", "FAILED", type(e).__name__, str(e)[:80])
     print(f"GPU check on {name}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}\n")
     print("| check | figure | detail | verdict |")
     print("| --- | --- | --- | --- |")

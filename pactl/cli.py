@@ -181,6 +181,12 @@ class OnDisk(str, Enum):
     no = "no"
 
 
+class FaissDevice(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    gpu = "gpu"
+
+
 def reporter(quiet: bool) -> Reporter:
     return Reporter(err, quiet=quiet)
 
@@ -640,6 +646,14 @@ def embed(
             help="Images between progress commits: a stopped embed goes on from the last one.",
         ),
     ] = COMMIT_EVERY,
+    gpu_decode: Annotated[
+        bool,
+        typer.Option(
+            "--gpu-decode/--no-gpu-decode",
+            help="On a CUDA device, decode JPEGs on the GPU (nvJPEG); other files, and any the "
+            "GPU cannot read, go through PIL as usual.",
+        ),
+    ] = False,
     follow_links: FollowLinks = False,
     quiet: Quiet = False,
 ) -> None:
@@ -681,6 +695,7 @@ def embed(
             shard,
             follow_links=follow_links,
             commit_every=commit_every,
+            gpu_decode=gpu_decode,
         )
     fresh = f", {meta['embedded']} embedded now" if "embedded" in meta else ""
     with to_stdout():
@@ -754,6 +769,13 @@ def index(
             "vectors exceed the memory budget and the factory is IVF.",
         ),
     ] = OnDisk.auto,
+    faiss_device: Annotated[
+        FaissDevice,
+        typer.Option(
+            help="Where FAISS trains IVF lists, assigns vectors to them and searches exactly: "
+            "auto takes the GPUs when FAISS has them (the gpu extra), else the CPU.",
+        ),
+    ] = FaissDevice.auto,
     device: Device = "auto",
     follow_links: FollowLinks = False,
     quiet: Quiet = False,
@@ -784,8 +806,17 @@ def index(
     from pactl import pipeline
 
     log = reporter(quiet)
-    config = IndexConfig(factory=factory, target_recall=target_recall, on_disk=on_disk.value)
+    config = IndexConfig(
+        factory=factory,
+        target_recall=target_recall,
+        on_disk=on_disk.value,
+        faiss_device=faiss_device.value,
+    )
     check(config, option_name, UsageError)
+    if faiss_device is FaissDevice.gpu:  # before any embedding: a machine without one says so
+        from pactl.index.build import faiss_gpus
+
+        faiss_gpus(config.faiss_device)
     check_option("--device", device, TRAIN_RULES["device"])
     if out_dir is not None:
         check_output(out_dir, "--out", folder=True)

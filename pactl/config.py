@@ -72,6 +72,7 @@ class IndexConfig:
     target_recall: float = 0.95  # Recall@10 against exact search the tuned index must reach
     memory_budget_gb: float = 8.0  # the default index must fit in this much memory
     on_disk: str = "auto"  # auto | yes | no: shards' IVF lists merged on disk (auto: over budget)
+    faiss_device: str = "auto"  # auto | cpu | gpu: where FAISS trains, adds and searches exactly
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,7 @@ INDEX_RULES: dict[str, Rule] = {
     "target_recall": number(0, 1),
     "memory_budget_gb": number(0, 1e6, above=True),
     "on_disk": choice("auto", "yes", "no"),
+    "faiss_device": choice("auto", "cpu", "gpu"),
 }
 
 

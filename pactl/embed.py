@@ -87,7 +87,9 @@ def loader_for(
     sampler: torch.utils.data.Sampler[int] | None = None,
     generator: torch.Generator | None = None,
     draft: bool = True,
+    raw_jpeg: bool = False,
 ) -> torch.utils.data.DataLoader:
+    """`raw_jpeg`: JPEGs come as their bytes in each Batch's `raw`, for a GpuJpegDecoder."""
     from pactl.images import ImageDataset, build_transform, collate
 
     assert model_config.mean is not None and model_config.std is not None
@@ -104,7 +106,7 @@ def loader_for(
     # Training and evaluation decode in full (as the official loader does): JPEG draft mode
     # scales in the DCT, which changes pixels; embedding large collections may take the speed.
     target = max(resize, model_config.image_size) if draft and not train else None
-    dataset = ImageDataset(files, labels, transform, target_size=target)
+    dataset = ImageDataset(files, labels, transform, target_size=target, raw_jpeg=raw_jpeg)
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
@@ -119,6 +121,168 @@ def loader_for(
     )
 
 
+def gpu_decoding(device: torch.device, asked: bool) -> bool:
+    """JPEGs decode on the GPU (nvJPEG) only when asked for (`--gpu-decode`) on a CUDA device."""
+    return asked and device.type == "cuda"
+
+
+class GpuJpegDecoder:
+    """A batch's JPEG bytes -> normalised (k, 3, S, S) float tensors on `device`, decoded in one
+    nvJPEG call and resized there, with the test transform's steps (pactl.images._test_steps).
+    A file the batched call cannot decode is tried alone, and then by PIL on the CPU
+    (`dataset.decoded`), so a failure's reason is PIL's, as without GPU decoding."""
+
+    def __init__(self, dataset: Any, model_config: ModelConfig, device: torch.device) -> None:
+        from torchvision.transforms import InterpolationMode
+
+        assert model_config.mean is not None and model_config.std is not None
+        self.dataset = dataset
+        self.device = device
+        self.size = model_config.image_size
+        self.resize = model_config.resize_size or model_config.image_size
+        self.mode = InterpolationMode(model_config.interpolation or "bilinear")
+        self.mean = torch.tensor(model_config.mean, device=device).view(3, 1, 1)
+        self.std = torch.tensor(model_config.std, device=device).view(3, 1, 1)
+
+    def __call__(
+        self, raw: Sequence[tuple[int, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, str]]]:
+        """(images on the device, their dataset indices, (index, reason) of those that failed)."""
+        decoded = self._decode([data for _, data in raw])
+        images, indices, failed = [], [], []
+        for (i, _), image in zip(raw, decoded, strict=True):
+            if image is not None:
+                images.append(self._transform(image))
+            else:  # the PIL path, on the CPU
+                sample = self.dataset.decoded(i)
+                if sample[0] is None:
+                    failed.append((i, sample[3]))
+                    continue
+                images.append(sample[0].to(self.device))
+            indices.append(i)
+        size = (0, 3, self.size, self.size)
+        stacked = torch.stack(images) if images else torch.empty(size, device=self.device)
+        return stacked, torch.tensor(indices, dtype=torch.int64), failed
+
+    def _decode(self, datas: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torchvision.io's note
+            try:
+                return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=self.device))
+            except Exception:  # one bad file fails the batch: each alone, then PIL for those
+                pass
+            out: list[torch.Tensor | None] = []
+            for data in datas:
+                try:
+                    out.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device))
+                except Exception:
+                    out.append(None)
+            return out
+
+    def _transform(self, image: torch.Tensor) -> torch.Tensor:
+        """(3, H, W) uint8 -> (3, S, S) normalised float, as pactl.images' test transform."""
+        from torchvision.transforms import functional as TF
+
+        if self.resize == self.size:
+            image = TF.resize(image, [self.size, self.size], self.mode, antialias=True)
+        else:
+            image = TF.resize(image, [self.resize], self.mode, antialias=True)
+            image = TF.center_crop(image, [self.size, self.size])
+        return (image.float() / 255.0 - self.mean) / self.std
+
+
+PREPARED = "_pactl_prepared"  # set on a network inference_model() made: prepared once
+
+
+def torchscript_available() -> bool:
+    """TorchScript's trace, freeze and optimize_for_inference are all there: deprecated since
+    torch 2.10 and due to go, so their absence is a case, not an error."""
+    jit = getattr(torch, "jit", None)
+    names = ("trace", "freeze", "optimize_for_inference")
+    return all(callable(getattr(jit, name, None)) for name in names)
+
+
+def is_prepared(model: nn.Module) -> bool:
+    script = getattr(getattr(torch, "jit", None), "ScriptModule", None)
+    return bool(getattr(model, PREPARED, False)) or (
+        isinstance(script, type) and isinstance(model, script)
+    )
+
+
+def freeze_torchscript(model: nn.Module, example: torch.Tensor) -> nn.Module:
+    """A traced, frozen copy: BatchNorm folded into the convolutions, weights pre-packed for
+    oneDNN, the graph fused. Raises where TorchScript is gone or cannot follow the network."""
+    if not torchscript_available():
+        raise RuntimeError("this torch has no TorchScript freezing")
+    traced = torch.jit.trace(model, example, check_trace=False)
+    return torch.jit.optimize_for_inference(torch.jit.freeze(traced))
+
+
+def fuse_batchnorm(model: nn.Module, example: torch.Tensor | None = None) -> nn.Module:
+    """A copy of an eval-mode network whose Conv -> BatchNorm pairs are one convolution each,
+    found in a torch.fx trace; everything else runs eagerly. Raises when fx cannot trace it."""
+    from torch.fx.experimental.optimization import fuse
+
+    return fuse(model, inplace=False)
+
+
+COMPILE_MIN_IMAGES = 5_000  # torch.compile's one-off cost (tens of seconds) pays from here on
+COMPILE_CHUNK = 32  # images per compiled call: one shape, so one compilation
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor would call ($CXX, g++, c++ or clang++), or None: the Docker
+    images and many laptops have none, and compiling without one fails after minutes."""
+    names = [os.environ.get("CXX", ""), "g++", "c++", "clang++"]
+    return next((found for found in map(shutil.which, filter(None, names)) if found), None)
+
+
+class Compiled(nn.Module):
+    """torch.compile (inductor, with freezing: BatchNorm folded, weights pre-packed, constants
+    folded) run on chunks of exactly COMPILE_CHUNK images, the last one padded, so it compiles
+    once: a new batch size would cost a second compilation. Eval mode makes every image's
+    output its own, so the padding changes nothing."""
+
+    def __init__(self, model: nn.Module, chunk: int = COMPILE_CHUNK) -> None:
+        super().__init__()
+        self.net = model
+        self.compiled = torch.compile(model, dynamic=False)
+        self.chunk = chunk
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        from torch._inductor import config as inductor
+
+        outputs = []
+        # One mode, layout and kind of input tensor for every call (a loader's batch may be an
+        # inference tensor), so the compiled graph's guards always hold: nothing recompiles.
+        with torch.inference_mode(False), torch.no_grad(), inductor.patch(freezing=True):
+            for start in range(0, len(images), self.chunk):
+                part = images[start : start + self.chunk]
+                short = self.chunk - len(part)
+                padding = [part[:1].expand(short, *part.shape[1:])] if short else []
+                part = torch.cat([part, *padding]).contiguous(memory_format=torch.channels_last)
+                outputs.append(self.compiled(part)[: self.chunk - short])
+        return torch.cat(outputs)
+
+
+def compile_frozen(model: nn.Module, example: torch.Tensor) -> nn.Module:
+    """A Compiled copy, compiled here on `example`. Raises without a C++ compiler or
+    torch.compile, or when inductor fails."""
+    if cpp_compiler() is None or not callable(getattr(torch, "compile", None)):
+        raise RuntimeError("torch.compile needs a C++ compiler on the CPU")
+    compiled = Compiled(model)
+    compiled(example)
+    return compiled
+
+
+# The CPU fast paths, fastest first (bench/bench_embed.py --fastpath; docs/benchmarks.md):
+# torch.compile with freezing for large embeds (its compilation costs tens of seconds), then
+# TorchScript freezing while torch has it, else BatchNorm folding through torch.fx.
+FAST_PATHS = (freeze_torchscript, fuse_batchnorm)
+
+
 def inference_model(
     model: nn.Module,
     model_config: ModelConfig,
@@ -126,36 +290,51 @@ def inference_model(
     amp: str = "none",
     channels_last: bool = True,
     freeze: bool = True,
+    compile: bool = False,
 ) -> nn.Module:
     """The network as embedding runs it: eval mode, NHWC convolutions, and (with `freeze`) on
-    the CPU in float32 a traced and frozen copy whose convolutions have BatchNorm folded in and
-    weights pre-packed for oneDNN (resnet50 at 224: about 1.3x faster per image on a 2-core x86
-    CPU, outputs equal to 1e-6; see docs/benchmarks.md). A network the tracer cannot follow
-    runs as it is; so does an already prepared one, so callers that embed in chunks prepare
-    once."""
-    if isinstance(model, torch.jit.ScriptModule):
+    the CPU in float32 the first of the fast paths that prepares a copy whose outputs agree
+    with the network's. With `compile` (an embed of COMPILE_MIN_IMAGES images or more) and a
+    C++ compiler, torch.compile with freezing (resnet50 at 224 on 2 x86 cores: 0.6x the CPU
+    time per image of TorchScript; see docs/benchmarks.md); then FAST_PATHS: a TorchScript-frozen
+    copy (BatchNorm folded, weights pre-packed for oneDNN), or, where TorchScript is gone, a
+    copy with BatchNorm folded by torch.fx. A network none can follow runs as it is; so does an
+    already prepared one, so callers that embed in chunks prepare once."""
+    if is_prepared(model):
         return model
     model.eval()
     if channels_last:  # NHWC convolutions: several times faster, on CPUs as on GPUs
         model.to(memory_format=torch.channels_last)
-    if not freeze or device.type != "cpu" or amp != "none" or not hasattr(torch.jit, "freeze"):
+    if not freeze or device.type != "cpu" or amp != "none":
         return model
     size = model_config.image_size
     generator = torch.Generator().manual_seed(0)
-    # Traced at one batch size, checked at another: a network whose forward depends on the
-    # batch (or on the values) in ways the tracer cannot record runs eagerly instead.
+    # Prepared at one batch size, checked at another: a network whose forward depends on the
+    # batch (or on the values) in ways a trace cannot record runs eagerly instead.
     example, check = (torch.randn(n, 3, size, size, generator=generator) for n in (2, 3))
     if channels_last:
         example, check = (t.contiguous(memory_format=torch.channels_last) for t in (example, check))
+    paths = (compile_frozen, *FAST_PATHS) if compile else FAST_PATHS
+    for prepare in paths:
+        fast = _checked(prepare, model, example, check)
+        if fast is not None:
+            setattr(fast, PREPARED, True)
+            return fast
+    return model
+
+
+def _checked(
+    prepare: Any, model: nn.Module, example: torch.Tensor, check: torch.Tensor
+) -> nn.Module | None:
+    """prepare(model, example) if it works and agrees with `model` on `check`, else None."""
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the tracer's deprecation and trace-shape notes
-            traced = torch.jit.trace(model, example, check_trace=False)
-            frozen = torch.jit.optimize_for_inference(torch.jit.freeze(traced))
-            agrees = torch.allclose(frozen(check), model(check), atol=1e-4, rtol=1e-3)
-    except Exception:  # any tracer failure: fall back to the eager network
-        return model
-    return frozen if agrees else model
+            fast = prepare(model, example)
+            agrees = torch.allclose(fast(check), model(check), atol=1e-4, rtol=1e-3)
+    except Exception:  # any failure to prepare: the next path, or the eager network
+        return None
+    return fast if agrees else None
 
 
 @torch.inference_mode()
@@ -173,6 +352,7 @@ def embed_files(
     prepare: bool | None = None,
     draft: bool = True,
     advance: Advance | None = None,
+    gpu_decode: bool = False,
 ) -> Embedded:
     """Embed `files` in order; unreadable ones are skipped and listed, never fatal.
 
@@ -181,36 +361,60 @@ def embed_files(
     that receives the vectors of the images that decoded, packed from the top; otherwise one is
     allocated. `draft`: large JPEGs may decode at a reduced scale (not for evaluation).
     `advance`: a caller's progress bar to move instead of one of this call's own.
+    `gpu_decode`: on a CUDA device, JPEGs decode on the GPU (GpuJpegDecoder); elsewhere ignored.
     """
-    loader = loader_for(files, None, model_config, batch_size, workers, device, draft=draft)
+    raw = gpu_decoding(device, gpu_decode)
+    loader = loader_for(
+        files, None, model_config, batch_size, workers, device, draft=draft, raw_jpeg=raw
+    )
+    decoder = GpuJpegDecoder(loader.dataset, model_config, device) if raw else None
     dim = model_config.dimension or model_config.embedding_dim
     vectors = out if out is not None else np.empty((len(files), dim), dtype=np.float32)
     rows = np.empty(len(files), dtype=np.int64)
     failed: list[tuple[int, str]] = []
     filled = 0
-    prepared = isinstance(model, torch.jit.ScriptModule)  # frozen: no train/eval modes left
+    prepared = is_prepared(model)  # a prepared copy: the caller's network is not touched
     was_training = not prepared and model.training
     freeze = prepare or (prepare is None and len(files) >= PREPARE_MIN_IMAGES)
+    many = prepare is None and len(files) >= COMPILE_MIN_IMAGES
     with torch.inference_mode(False):  # tracing needs ordinary tensors
-        forward = inference_model(model, model_config, device, amp, channels_last, freeze)
+        forward = inference_model(model, model_config, device, amp, channels_last, freeze, many)
     bar = reporter.bar("embedding", total=len(files)) if advance is None else nullcontext(advance)
     with bar as step:
         for batch in loader:
-            failed.extend(batch.failed)
-            if len(batch.indices):
-                images = batch.images.to(device, non_blocking=True)
+            images, indices, lost = _on_device(batch, device, decoder)
+            failed.extend(lost)
+            if len(indices):
                 if channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
                 with autocast(device, amp):
                     emb = forward(images)
-                n = len(batch.indices)
+                n = len(indices)
                 vectors[filled : filled + n] = emb.float().cpu().numpy()
-                rows[filled : filled + n] = batch.indices.numpy()
+                rows[filled : filled + n] = indices.numpy()
                 filled += n
-            step(len(batch.indices) + len(batch.failed))
+            step(len(indices) + len(lost))
     if not prepared:
         model.train(was_training)
     return Embedded(vectors[:filled], rows[:filled], failed)
+
+
+def _on_device(
+    batch: Any, device: torch.device, decoder: GpuJpegDecoder | None
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, str]]]:
+    """A batch's images on the device in input order, their indices, and the failures, with
+    its JPEG bytes (if any) decoded by `decoder`."""
+    images = batch.images.to(device, non_blocking=True)
+    if decoder is None or not batch.raw:
+        return images, batch.indices, batch.failed
+    more, more_indices, lost = decoder(batch.raw)
+    if len(batch.indices):
+        images = torch.cat([images, more])
+        more_indices = torch.cat([batch.indices, more_indices])
+    else:
+        images = more
+    order = torch.argsort(more_indices)
+    return images[order.to(device)], more_indices[order], sorted(batch.failed + lost)
 
 
 ITEMS_COLUMNS = ("id", "path", "label", "size", "mtime_ns")
@@ -349,6 +553,7 @@ def embed_to_folder(
     amp: str = "none",
     scratch: bool = False,
     commit_every: int = COMMIT_EVERY,
+    gpu_decode: bool = False,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
     one new generation of `out_dir` (pactl.fsutil): a kill leaves the old output or the new.
@@ -375,8 +580,9 @@ def embed_to_folder(
             out_dir, network.fingerprint, todo_files, stats_of(stats, todo), commit_every
         )
         result = progress.embed(
-            model, model_config, device, reporter, batch_size, workers, amp, fresh, commit_every
-        )
+            model, model_config, device, reporter, batch_size, workers, amp, fresh, commit_every,
+            gpu_decode,
+        )  # fmt: skip
         embedded = np.full(len(files), -1, dtype=np.int64)
         embedded[todo[result.rows]] = np.arange(len(result.rows))
         keep = np.flatnonzero((job.reuse >= 0) | (embedded >= 0))  # input order
@@ -467,6 +673,7 @@ class Progress:
         amp: str,
         out: np.ndarray,
         commit_every: int,
+        gpu_decode: bool = False,
     ) -> Embedded:
         """Embed the job's files into `out` (packed from the top, as embed_files does), taking
         committed chunks from disk and committing each new one."""
@@ -475,9 +682,11 @@ class Progress:
         done = self._committed(len(starts))
         if done:
             reporter.log(f"going on from {done * commit_every:,} images embedded before")
-        if n - done * commit_every >= PREPARE_MIN_IMAGES:  # prepared once for every chunk
+        todo = n - done * commit_every
+        if todo >= PREPARE_MIN_IMAGES:  # prepared once for every chunk
+            many = todo >= COMPILE_MIN_IMAGES
             with torch.inference_mode(False):
-                model = inference_model(model, model_config, device, amp)
+                model = inference_model(model, model_config, device, amp, compile=many)
         rows: list[np.ndarray] = []
         failed: list[tuple[int, str]] = []
         filled = 0
@@ -490,7 +699,7 @@ class Progress:
                 else:
                     result = embed_files(
                         model, chunk, model_config, device, reporter, batch_size, workers, amp,
-                        prepare=False, advance=advance,
+                        prepare=False, advance=advance, gpu_decode=gpu_decode,
                     )  # fmt: skip
                     vectors, got, lost = result.vectors, result.rows, result.failed
                     self._write(k, vectors, got, lost)

@@ -56,6 +56,9 @@ DEFAULT_MAX_PIXELS = 178_956_970
 _WIDE_INT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # absent on Windows
+_GPU_JPEG_MODES = frozenset({"RGB", "L"})  # JPEGs a GPU decodes to the colours PIL gives
+_ORIENTATION = 0x0112  # the EXIF tag
+_JPEG_END = b"\xff\xd9"  # the end-of-image marker
 _KINDS = {
     stat.S_IFIFO: "a FIFO",
     stat.S_IFSOCK: "a socket",
@@ -128,6 +131,46 @@ def load_image(
         raise ImageError(path, _decode_reason(e)) from e
 
 
+def jpeg_bytes(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> bytes | None:
+    """The bytes of a JPEG file for a decoder elsewhere (the GPU's), or None when the file is
+    another format (for load_image). The same checks as load_image come first: a regular,
+    non-empty file whose header's pixel count is within `max_pixels`, read before any pixel
+    data is decoded. Raises ImageError like load_image."""
+    try:
+        with _open_regular(path) as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise ImageError(path, "file is empty (0 bytes)")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                img = Image.open(fh)  # reads the header only
+            with img:
+                if img.format != "JPEG" or img.mode not in _GPU_JPEG_MODES:
+                    return None
+                _check_pixels(path, img.size, max_pixels)
+                if img.getexif().get(_ORIENTATION, 1) != 1:
+                    return None  # nvJPEG does not turn it upright; PIL does
+            fh.seek(0)
+            data = fh.read()
+    except OSError as e:
+        if isinstance(e, UnidentifiedImageError) or e.errno is None:
+            raise ImageError(path, _decode_reason(e)) from e
+        raise ImageError(path, _os_reason(e)) from e
+    except _DECODE_ERRORS as e:
+        raise ImageError(path, _decode_reason(e)) from e
+    # A file cut short may decode on the GPU into a half-grey picture: PIL says it is truncated.
+    return data if data.rstrip(b"\0\r\n ").endswith(_JPEG_END) else None
+
+
+def _check_pixels(path: Path | str, size: tuple[int, int], max_pixels: int | None) -> None:
+    width, height = size
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageError(
+            path,
+            f"{width}x{height} = {width * height} pixels is over the limit of "
+            f"{max_pixels} (possible decompression bomb)",
+        )
+
+
 def _open_regular(path: Path | str) -> BinaryIO:
     """Open `path` only if it is a regular file: opening a FIFO blocks until a writer comes
     (forever), and opening a device may act on the device. Checked before the open, and again
@@ -159,13 +202,7 @@ def _decode(
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         img = Image.open(fh)
     with img:
-        width, height = img.size
-        if max_pixels is not None and width * height > max_pixels:
-            raise ImageError(
-                path,
-                f"{width}x{height} = {width * height} pixels is over the limit of "
-                f"{max_pixels} (possible decompression bomb)",
-            )
+        _check_pixels(path, img.size, max_pixels)
         if target_size is not None:
             # No-op for formats other than JPEG; for JPEG it must come before load().
             img.draft("RGB", (target_size, target_size))
@@ -299,7 +336,10 @@ class ImageDataset(torch.utils.data.Dataset):
         transform: Transform,
         target_size: int | None,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        raw_jpeg: bool = False,
     ) -> None:
+        """`raw_jpeg`: a JPEG (within `max_pixels`) comes back as its bytes, a 1-D uint8
+        tensor, for a decoder on the GPU; other images are decoded here as usual."""
         if labels is not None and len(labels) != len(files):
             raise ValueError(f"{len(files)} files but {len(labels)} labels")
         # Plain strings pickle small and fast when the dataset is sent to worker processes.
@@ -308,11 +348,24 @@ class ImageDataset(torch.utils.data.Dataset):
         self.transform = transform
         self.target_size = target_size
         self.max_pixels = max_pixels
+        self.raw_jpeg = raw_jpeg
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> Sample:
+        if self.raw_jpeg:
+            label = -1 if self.labels is None else int(self.labels[i])
+            try:
+                data = jpeg_bytes(self.files[i], self.max_pixels)
+            except ImageError as e:
+                return None, label, i, str(e)
+            if data is not None:
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, i, ""
+        return self.decoded(i)
+
+    def decoded(self, i: int) -> Sample:
+        """Sample i decoded by PIL and transformed (or the reason it failed)."""
         label = -1 if self.labels is None else int(self.labels[i])
         try:
             img = load_image(Path(self.files[i]), self.target_size, self.max_pixels)
@@ -327,6 +380,7 @@ class Batch:
     labels: torch.Tensor  # (B,) int64, -1 where unlabelled
     indices: torch.Tensor  # (B,) int64 positions in the dataset
     failed: list[tuple[int, str]] = field(default_factory=list)  # (index, reason) dropped
+    raw: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (index, JPEG bytes)
 
     def __len__(self) -> int:
         return int(self.indices.numel())
@@ -338,11 +392,19 @@ class Batch:
             self.labels.pin_memory(),
             self.indices.pin_memory(),
             self.failed,
+            self.raw,
         )
 
 
+def _is_raw(sample: Sample) -> bool:
+    return sample[0] is not None and sample[0].dim() == 1  # JPEG bytes (raw_jpeg datasets)
+
+
 def collate(samples: list[Sample]) -> Batch:
-    """Stack the decoded samples; record the failed ones instead of raising."""
+    """Stack the decoded samples; record the failed ones instead of raising. JPEG bytes from a
+    `raw_jpeg` dataset go to `raw`, in order, for the caller to decode."""
+    raw = [(s[2], s[0]) for s in samples if _is_raw(s) and s[0] is not None]
+    samples = [s for s in samples if not _is_raw(s)]
     good = [s for s in samples if s[0] is not None]
     failed = [(s[2], s[3]) for s in samples if s[0] is None]
     if good:
@@ -351,7 +413,7 @@ def collate(samples: list[Sample]) -> Batch:
         images = torch.empty((0, 3, 0, 0))
     labels = torch.tensor([s[1] for s in good], dtype=torch.int64)
     indices = torch.tensor([s[2] for s in good], dtype=torch.int64)
-    return Batch(images, labels, indices, failed)
+    return Batch(images, labels, indices, failed, raw)
 
 
 # --------------------------------------------------------------------------- sampler

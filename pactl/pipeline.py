@@ -54,6 +54,7 @@ def embed_source(
     shard: str | None = None,
     follow_links: bool = False,
     commit_every: int | None = None,
+    gpu_decode: bool = False,
 ) -> dict[str, Any]:
     """Embed a source with a checkpoint or a backbone (`model_from`) into `out_dir`, or with
     `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
@@ -81,6 +82,7 @@ def embed_source(
         batch_size,
         amp,
         commit_every=commit_every or COMMIT_EVERY,
+        gpu_decode=gpu_decode,
     )
 
 
@@ -338,6 +340,7 @@ def embed_source_files(
     amp: str = "none",
     scratch: bool = False,
     commit_every: int | None = None,
+    gpu_decode: bool = False,
 ) -> dict[str, Any]:
     """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network
     (`scratch`: into a private folder, pactl.embed.embed_to_folder)."""
@@ -361,6 +364,7 @@ def embed_source_files(
         amp=amp,
         scratch=scratch,
         commit_every=commit_every or COMMIT_EVERY,
+        gpu_decode=gpu_decode,
     )
 
 

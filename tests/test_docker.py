@@ -47,8 +47,12 @@ def test_hadolint_finds_nothing() -> None:
 def test_each_image_installs_dependencies_before_the_code_and_runs_as_a_user(stage: str) -> None:
     steps = stages()[stage]
     copy_code = next(i for i, s in enumerate(steps) if s.startswith("COPY pactl"))
-    installs = [i for i, s in enumerate(steps) if "pip install ." in s or "pip install --no" in s]
+    dependencies = re.compile(r"pip install (\.|\"\.\[([a-z,]+)\]\")")  # . or ".[extras]"
+    installs = [i for i, s in enumerate(steps) if dependencies.search(s)]
     assert installs and installs[0] < copy_code  # dependencies: a layer the code does not touch
+    match = dependencies.search(steps[installs[0]])
+    assert match is not None and "serve" in (match.group(2) or "").split(",")  # `serve` works
+    assert "EXPOSE 8000" in steps  # the port serve listens on
     after = " ".join(steps[copy_code:])
     assert "pip install --no-deps ." in after  # only pactl itself after the code is copied
     user = next(s for s in steps if s.startswith("USER "))

@@ -28,6 +28,62 @@ ADD_BATCH = 65_536  # vectors per add() call: bounded memory when `vectors` is m
 NORM_TOLERANCE = 1e-2  # |norm - 1| allowed before vectors are taken as not L2-normalised
 
 Part = tuple[np.ndarray, np.ndarray]  # one shard: (n_i, d) float32 vectors (memory-mapped), ids
+FAISS_DEVICES = ("auto", "cpu", "gpu")  # auto: the GPUs when this FAISS has any, else the CPU
+GPU_INSTALL = "pip install 'pactl[gpu]' (see docs/cli.md, pactl index --faiss-device)"
+
+
+# ---------------------------------------------------------------------------- FAISS on GPUs
+
+
+def faiss_gpus(device: str = "auto") -> int:
+    """How many GPUs FAISS uses for `device` (0: the CPU path). faiss-cpu reports none; the
+    `gpu` extra's faiss-gpu-cu12 reports the visible CUDA devices."""
+    if device not in FAISS_DEVICES:
+        raise PactlError(f"FAISS device {device!r}: choose one of {', '.join(FAISS_DEVICES)}")
+    count = int(faiss.get_num_gpus()) if hasattr(faiss, "get_num_gpus") else 0
+    if device == "gpu" and count < 1:
+        raise PactlError(f"--faiss-device gpu: this FAISS sees no GPU; install {GPU_INSTALL}")
+    return 0 if device == "cpu" else count
+
+
+def to_gpus(index: Any) -> Any:
+    """`index` copied onto every visible GPU (one replica on each)."""
+    return faiss.index_cpu_to_all_gpus(index)
+
+
+def gpu_searcher(index: Any, gpus: int) -> Any:
+    """What to search `index` with: a GPU copy of a brute-force (Flat) index when there are
+    GPUs, else the index itself. Other kinds search on the CPU, with their tuned parameters."""
+    if not gpus or not _is_flat(index):
+        return index
+    try:
+        return to_gpus(index)
+    except RuntimeError:  # a wrapper the GPU cloner does not know: the same search on the CPU
+        return index
+
+
+def _is_flat(index: Any) -> bool:
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    return isinstance(faiss.downcast_index(inner), faiss.IndexFlat)
+
+
+def _clustering_on_gpus(ivf: Any) -> Any:
+    """A GPU brute-force index for the k-means of an IVF's training, in the metric the CPU
+    training would use (the quantiser's own when it trains alone, else L2), so assignments,
+    and hence the lists, match the CPU path's."""
+    mode = ivf.quantizer_trains_alone  # a C char: SWIG hands it over as a one-letter str
+    trains_alone = ord(mode) if isinstance(mode, str) else int(mode)
+    metric = ivf.quantizer.metric_type if trains_alone == 0 else faiss.METRIC_L2
+    return to_gpus(faiss.IndexFlat(ivf.d, metric))
+
+
+def _gpu_quantizer(index: Any, gpus: int) -> tuple[Any, Any] | None:
+    """(ivf, GPU copy of its brute-force quantiser) while adding on GPUs; None to add on the CPU
+    (no GPUs, not IVF, or a graph quantiser, which assigns cheaply on the CPU)."""
+    ivf = faiss.try_extract_index_ivf(index) if gpus else None
+    if ivf is None or not isinstance(faiss.downcast_index(ivf.quantizer), faiss.IndexFlat):
+        return None
+    return ivf, to_gpus(faiss.downcast_index(ivf.quantizer))
 
 
 # ---------------------------------------------------------------------------- factory choice
@@ -88,20 +144,23 @@ def build_index(
     if item_ids.shape != (n,) or len(np.unique(item_ids)) != n:
         raise PactlError(f"ids must be {n} distinct integers, one per vector")
     factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
+    gpus = faiss_gpus(config.faiss_device)
     started = time.perf_counter()
     index = new_index(factory, dim)
     rng = np.random.default_rng(seed)
-    trained_on = _train(index, [(x, item_ids)], rng, seed, reporter, factory)
-    add_vectors(index, x, item_ids, reporter)
-    tuning = tune(index, [(x, item_ids)], config.target_recall, rng, reporter)
+    trained_on = _train(index, [(x, item_ids)], rng, seed, reporter, factory, gpus)
+    add_vectors(index, x, item_ids, reporter, gpus)
+    tuning = tune(index, [(x, item_ids)], config.target_recall, rng, reporter, gpus)
     seconds = time.perf_counter() - started
-    reporter.log(f"built {factory} over {n:,} vectors in {seconds:.1f} s")
+    where = f" on {gpus} GPU(s)" if gpus else ""
+    reporter.log(f"built {factory} over {n:,} vectors in {seconds:.1f} s{where}")
     record = {"factory": factory, **tuning, "ntotal": int(index.ntotal)}
     return index, {
         **record,
         "train_points": trained_on,
         "seed": seed,
         "build_seconds": round(seconds, 3),
+        "faiss_gpus": gpus,
     }
 
 
@@ -139,9 +198,10 @@ def _train(
     seed: int,
     reporter: Reporter,
     name: str,
+    gpus: int = 0,
 ) -> int:
     """Train on a seeded sample of the rows of all parts; returns its size (0 when nothing needs
-    training)."""
+    training). With `gpus`, an IVF's k-means assigns points on the GPUs."""
     if index.is_trained:
         return 0
     ivf = faiss.try_extract_index_ivf(index)
@@ -158,10 +218,17 @@ def _train(
         if hasattr(inner, "pq"):
             inner.pq.cp.seed = seed
     reporter.log(f"training {name} on {m:,} of {n:,} vectors")
+    on_gpus: Any = ivf if gpus else None  # (the stubs type clustering_index as never None)
+    clustering = _clustering_on_gpus(on_gpus) if on_gpus is not None else None
+    if on_gpus is not None:
+        on_gpus.clustering_index = clustering  # `clustering` keeps it alive until training ends
     try:
         index.train(sample)
     except RuntimeError as e:
         raise PactlError(f"training {name} failed: {_why(e)}") from e
+    finally:
+        if on_gpus is not None:
+            on_gpus.clustering_index = None  # not saved; the GPU copy goes with `clustering`
     return m
 
 
@@ -182,16 +249,29 @@ def _read_rows(parts: Sequence[Part], rows: np.ndarray) -> tuple[np.ndarray, np.
     return np.concatenate(vectors), np.concatenate(ids)
 
 
-def add_vectors(index: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter) -> None:
-    """Add rows in batches (a memory-mapped array is read once, a slice at a time)."""
+def add_vectors(
+    index: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter, gpus: int = 0
+) -> None:
+    """Add rows in batches (a memory-mapped array is read once, a slice at a time). With `gpus`,
+    an IVF with a brute-force quantiser assigns the rows to lists on the GPUs; the lists, and
+    so the saved index, stay on the CPU."""
     n = len(vectors)
-    with reporter.bar("adding vectors", total=n) as advance:
-        for start in range(0, n, ADD_BATCH):
-            stop = min(start + ADD_BATCH, n)
-            batch = np.ascontiguousarray(vectors[start:stop], dtype=np.float32)
-            _check_unit_rows(batch, np.arange(start, stop))
-            index.add_with_ids(batch, np.ascontiguousarray(ids[start:stop], dtype=np.int64))
-            advance(stop - start)
+    swap = _gpu_quantizer(index, gpus)
+    if swap is not None:
+        ivf, on_gpus = swap
+        cpu_quantizer = ivf.quantizer
+        ivf.quantizer = on_gpus
+    try:
+        with reporter.bar("adding vectors", total=n) as advance:
+            for start in range(0, n, ADD_BATCH):
+                stop = min(start + ADD_BATCH, n)
+                batch = np.ascontiguousarray(vectors[start:stop], dtype=np.float32)
+                _check_unit_rows(batch, np.arange(start, stop))
+                index.add_with_ids(batch, np.ascontiguousarray(ids[start:stop], dtype=np.int64))
+                advance(stop - start)
+    finally:
+        if swap is not None:
+            ivf.quantizer = cpu_quantizer  # the one that is saved (and owned by the index)
 
 
 def _check_unit_rows(batch: np.ndarray, rows: np.ndarray) -> None:
@@ -237,8 +317,10 @@ def tune(
     target: float,
     rng: np.random.Generator,
     reporter: Reporter,
+    gpus: int = 0,
 ) -> dict[str, Any]:
-    """Find the cheapest search setting reaching Recall@10 >= target and leave it set.
+    """Find the cheapest search setting reaching Recall@10 >= target and leave it set. With
+    `gpus`, exact search (the truth, and a Flat index's own search) runs on the GPUs.
 
     `parts` are the indexed (vectors, ids), one part or one per shard. Queries are a seeded
     sample of the indexed vectors; each query's own id is removed from both the exact and the
@@ -252,13 +334,14 @@ def tune(
         return {**record, "target_reached": False, "tuning_queries": 0}
     rows = np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
     queries, own = _read_rows(parts, rows)
-    truth = exact_neighbours(parts, queries, own, k)
+    truth = exact_neighbours(parts, queries, own, k, gpus)
     space: Any = faiss.ParameterSpace()  # (its stub types the params string as int)
+    searcher = gpu_searcher(index, gpus)
 
     def measure(params: str) -> float:
         if params:
             space.set_index_parameters(index, params)
-        scores, found = index.search(queries, k + 1)
+        scores, found = searcher.search(queries, k + 1)
         return recall_at_k(exclude_by_id(scores, found, own, k)[1], truth)
 
     knob = _knob(index, k)
@@ -306,22 +389,31 @@ def _smallest_setting(
 
 
 def exact_neighbours(
-    parts: Sequence[Part], queries: np.ndarray, own: np.ndarray, k: int
+    parts: Sequence[Part], queries: np.ndarray, own: np.ndarray, k: int, gpus: int = 0
 ) -> np.ndarray:
     """Ids of the k largest inner products of each query over all parts, its own id `own[i]`
     excluded. Each part is searched on its own and the per-part top k+1 merged by score, so only
     one part is read at a time and the result equals a search of the parts joined."""
     scores, ids = [], []
+    resources = faiss.StandardGpuResources() if gpus else None
     for vectors, part_ids in parts:
         if len(vectors):
             fetch = min(k + 1, len(vectors))
-            s, rows = faiss.knn(queries, vectors, fetch, metric=faiss.METRIC_INNER_PRODUCT)
+            s, rows = _knn(queries, vectors, fetch, resources)
             scores.append(s)
             ids.append(np.asarray(part_ids, dtype=np.int64)[rows])
     all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
     best = np.argsort(-all_scores, axis=1, kind="stable")[:, : k + 1]  # (nq, <= k+1)
     merged = np.take_along_axis(all_scores, best, axis=1), np.take_along_axis(all_ids, best, axis=1)
     return exclude_by_id(*merged, own, k)[1]
+
+
+def _knn(queries: np.ndarray, vectors: np.ndarray, k: int, resources: Any) -> Any:
+    """Brute-force inner-product top k: on the first GPU when `resources` is given."""
+    if resources is None:
+        return faiss.knn(queries, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
+    base = np.ascontiguousarray(vectors, dtype=np.float32)  # a memory map is read into memory
+    return faiss.knn_gpu(resources, queries, base, k, metric=faiss.METRIC_INNER_PRODUCT)
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
