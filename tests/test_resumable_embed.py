@@ -176,7 +176,7 @@ def test_embed_killed_at_random_moments_ends_as_one_uninterrupted_run(tmp_path: 
 
     from pactl.fsutil import GENERATION_PREFIX
 
-    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=8, size=24)
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=16, size=24)
     model = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
     forker = subprocess.Popen(
         [sys.executable, "-c", FORKER],
@@ -203,7 +203,7 @@ def test_embed_killed_at_random_moments_ends_as_one_uninterrupted_run(tmp_path: 
     def commits(out: Path) -> int:
         return sum(1 for _ in out.glob(f"{PROGRESS_PREFIX}*/*.npz"))
 
-    out, rng, logs = tmp_path / "killed", random.Random(7), []
+    out, rng, logs, mid_way = tmp_path / "killed", random.Random(7), [], []
     try:
         start(tmp_path / "whole", tmp_path / "whole.log")
         assert end(tmp_path / "whole.log") == 0
@@ -213,18 +213,22 @@ def test_embed_killed_at_random_moments_ends_as_one_uninterrupted_run(tmp_path: 
             deadline = time.monotonic() + 60
             while commits(out) < before + 2 and time.monotonic() < deadline:
                 time.sleep(0.002)
-            time.sleep(rng.uniform(0, 0.05))
+            time.sleep(rng.uniform(0, 0.01))
             with contextlib.suppress(ProcessLookupError):  # it may have finished already
                 os.kill(pid, signal.SIGKILL)
             assert end(logs[-1]) == -signal.SIGKILL, "the embed ended before it was killed"
+            mid_way.append(not (out / ".pactl-current").exists())  # killed before its switch
         logs.append(tmp_path / "last.log")
         start(out, logs[-1])
         assert end(logs[-1]) == 0
     finally:
         forker.kill()
         forker.wait()
-    for log in logs[1:]:  # every run after the first went on from the commits before it
-        assert "going on from" in log.read_text(), log.read_text()
+    # A run killed before its new version was in place leaves commits the next run goes on
+    # from (a kill after the switch leaves a folder the next run finds up to date).
+    assert mid_way[0], "the first kill came after the embed had finished its work"
+    for killed, log in zip(mid_way, logs[1:], strict=False):
+        assert ("going on from" in log.read_text()) == killed, log.read_text()
     want_vectors, want_items, _ = read_embedded(tmp_path / "whole")
     vectors, items, _ = read_embedded(out)
     assert items.paths.tolist() == want_items.paths.tolist()
