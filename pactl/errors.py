@@ -7,3 +7,8 @@ class PactlError(Exception):
 
 class UsageError(PactlError):
     """Bad options or arguments (exit code 2)."""
+
+
+class Busy(PactlError):
+    """Another pactl process is writing the same folder (its writer lock is held): run again
+    when it has finished. The service answers it with 409 Conflict."""

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from pactl.errors import PactlError
+from pactl.errors import Busy, PactlError
 
 CURRENT = ".pactl-current"  # the link naming the current generation
 GENERATION_PREFIX = ".pactl-gen-"
@@ -163,7 +163,7 @@ def writer_lock(folder: Path) -> Iterator[None]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise PactlError(
+        raise Busy(
             f"{folder} is being written by another pactl process; run again when it has finished"
         ) from None
     _held_locks[key] = [fd, 1]

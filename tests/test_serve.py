@@ -600,3 +600,22 @@ def test_add_then_delete_through_the_api(served: Service) -> None:
         assert new_id not in [h["id"] for h in hits["results"][0]["hits"]]
         unknown = client.post("/delete", json={"ids": [987654]})
         assert unknown.status_code == 400 and "987654" in unknown.json()["detail"]
+
+
+def test_a_write_while_another_writer_holds_the_bundle_is_409(served: Service) -> None:
+    from pactl.fsutil import writer_lock
+
+    image = served.images[4]
+    uploads = sorted((served.bundle / "uploads").rglob("*"))
+    with served.client() as client:
+        before = client.get("/health").json()
+        with writer_lock(served.bundle):  # as a `pactl index --add` in another process would
+            added = client.post("/add", files=[upload(image)])
+            gone = client.post("/delete", json={"ids": [0]})
+        for answer in (added, gone):
+            assert answer.status_code == 409, answer.text
+            assert "being written by another pactl process" in answer.json()["detail"]
+        after = client.get("/health").json()
+        assert after["items"] == before["items"] and after["generation"] == before["generation"]
+        assert client.get("/items/0").status_code == 200  # not deleted
+    assert sorted((served.bundle / "uploads").rglob("*")) == uploads  # no orphan upload kept

@@ -12,6 +12,7 @@ import hmac
 import io
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pactl import __version__
 from pactl.config import MAX_K
-from pactl.errors import PactlError
+from pactl.errors import Busy, PactlError
 from pactl.serve.config import PUBLIC_PATHS, ServeConfig
 from pactl.serve.engine import Answer, Batcher, Engine, Job
 from pactl.serve.uploads import check_allowed, store_for_add, write_scratch
@@ -147,8 +148,8 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(PactlError)
     async def refused(request: Request, exc: PactlError) -> JSONResponse:
-        busy = "being written by another" in str(exc)
-        return JSONResponse({"detail": " ".join(str(exc).split())}, 409 if busy else 400)
+        status = 409 if isinstance(exc, Busy) else 400  # another writer holds the bundle
+        return JSONResponse({"detail": " ".join(str(exc).split())}, status)
 
     @app.exception_handler(TooLarge)
     async def too_large(request: Request, exc: TooLarge) -> JSONResponse:
@@ -350,9 +351,13 @@ def _writes(app: FastAPI) -> None:
         stored = await run_in_threadpool(
             store_for_add, uploads, label if isinstance(label, str) else "", config.uploads
         )
-        done = await run_in_threadpool(
-            add_to_index, str(stored), config.bundle, None, config.device, QUIET
-        )
+        try:
+            done = await run_in_threadpool(
+                add_to_index, str(stored), config.bundle, None, config.device, QUIET
+            )
+        except BaseException:  # not added (another writer, a full disk): keep nothing of it
+            shutil.rmtree(stored, ignore_errors=True)
+            raise
         snapshot = await run_in_threadpool(engine.fresh)
         added = sorted(str(p) for p in stored.rglob("*") if p.is_file())
         ids = snapshot.lookup.ids(added).tolist()
