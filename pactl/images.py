@@ -25,6 +25,7 @@ import struct
 import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -118,11 +119,17 @@ def load_image(
     """
     if target_size is not None and target_size < 1:
         raise ValueError(f"target_size must be >= 1, got {target_size}")
+    with _image_errors(path), _open_regular(path) as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise ImageError(path, "file is empty (0 bytes)")
+        return _decode(fh, path, target_size, max_pixels)
+
+
+@contextmanager
+def _image_errors(path: Path | str) -> Iterator[None]:
+    """Any failure to open or decode `path` as an ImageError with a short reason."""
     try:
-        with _open_regular(path) as fh:
-            if os.fstat(fh.fileno()).st_size == 0:
-                raise ImageError(path, "file is empty (0 bytes)")
-            return _decode(fh, path, target_size, max_pixels)
+        yield
     except OSError as e:
         if isinstance(e, UnidentifiedImageError) or e.errno is None:
             raise ImageError(path, _decode_reason(e)) from e
@@ -136,27 +143,20 @@ def jpeg_bytes(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) ->
     another format (for load_image). The same checks as load_image come first: a regular,
     non-empty file whose header's pixel count is within `max_pixels`, read before any pixel
     data is decoded. Raises ImageError like load_image."""
-    try:
-        with _open_regular(path) as fh:
-            if os.fstat(fh.fileno()).st_size == 0:
-                raise ImageError(path, "file is empty (0 bytes)")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                img = Image.open(fh)  # reads the header only
-            with img:
-                if img.format != "JPEG" or img.mode not in _GPU_JPEG_MODES:
-                    return None
-                _check_pixels(path, img.size, max_pixels)
-                if img.getexif().get(_ORIENTATION, 1) != 1:
-                    return None  # nvJPEG does not turn it upright; PIL does
-            fh.seek(0)
-            data = fh.read()
-    except OSError as e:
-        if isinstance(e, UnidentifiedImageError) or e.errno is None:
-            raise ImageError(path, _decode_reason(e)) from e
-        raise ImageError(path, _os_reason(e)) from e
-    except _DECODE_ERRORS as e:
-        raise ImageError(path, _decode_reason(e)) from e
+    with _image_errors(path), _open_regular(path) as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise ImageError(path, "file is empty (0 bytes)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(fh)  # reads the header only
+        with img:
+            if img.format != "JPEG" or img.mode not in _GPU_JPEG_MODES:
+                return None
+            _check_pixels(path, img.size, max_pixels)
+            if img.getexif().get(_ORIENTATION, 1) != 1:
+                return None  # nvJPEG does not turn it upright; PIL does
+        fh.seek(0)
+        data = fh.read()
     # A file cut short may decode on the GPU into a half-grey picture: PIL says it is truncated.
     return data if data.rstrip(b"\0\r\n ").endswith(_JPEG_END) else None
 
