@@ -19,6 +19,7 @@ from pactl.errors import PactlError
 from pactl.fsutil import current_dir
 from pactl.index import (
     BUNDLE_FORMAT,
+    BUNDLE_VERSION,
     ItemTable,
     add_to_bundle,
     build_index,
@@ -262,9 +263,10 @@ def test_wrong_format_and_version(flat_bundle: Path) -> None:
     _edit_meta(flat_bundle, format="pactl.vectors")
     with pytest.raises(PactlError, match="not a pactl bundle.*pactl index"):
         load_bundle(flat_bundle)
-    _edit_meta(flat_bundle, format=BUNDLE_FORMAT, version=2)
-    with pytest.raises(PactlError, match="version 2"):
-        load_bundle(flat_bundle)
+    for newer in (BUNDLE_VERSION + 1, True, "1", 0):
+        _edit_meta(flat_bundle, format=BUNDLE_FORMAT, version=newer)
+        with pytest.raises(PactlError, match=f"version {newer!r}; .* reads versions 1 to"):
+            load_bundle(flat_bundle)
     (flat_bundle / "meta.json").write_text("{not json")
     with pytest.raises(PactlError, match="meta.json is not a pactl bundle's meta.json .bad JSON"):
         load_bundle(flat_bundle)

@@ -298,6 +298,23 @@ def test_compact_equals_a_fresh_build(factory: str, method: str, tmp_path: Path,
     assert compact_bundle(bundle_dir)["method"] == "none" and generation_of(bundle_dir) == gen
 
 
+def test_a_bundle_with_tombstones_is_one_an_older_pactl_refuses(tmp_path: Path, data: Any) -> None:
+    # pactl versions that read bundle version 1 only know nothing of deleted.npy: they would
+    # answer with deleted items, so a bundle holding tombstones says version 2, which they
+    # refuse ("rebuild it"); one without tombstones stays readable to them.
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
+
+    def version() -> int:
+        return int(json.loads((bundle_dir / "meta.json").read_text())["version"])
+
+    assert version() == 1
+    delete_items(bundle_dir, ids=[3])
+    assert version() == 2 and load_bundle(bundle_dir).is_deleted(np.array([3]))[0]
+    compact_bundle(bundle_dir)
+    assert version() == 1
+
+
 def test_ids_removed_by_a_compaction_are_never_given_again(tmp_path: Path, data: Any) -> None:
     base, _ = data
     bundle_dir = make_bundle(tmp_path / "b", base, "Flat")

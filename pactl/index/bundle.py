@@ -44,7 +44,8 @@ from pactl.index.ondisk import (
 from pactl.search import in_sorted
 
 BUNDLE_FORMAT = "pactl.bundle"
-BUNDLE_VERSION = 1
+BUNDLE_VERSION = 2  # 2: may hold deleted.npy; a bundle without tombstones is still written as 1
+TOMBSTONES_VERSION = 2  # a pactl that reads only version 1 would return deleted items: refused
 VECTORS_FORMAT = "pactl.vectors"
 INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
 DELETED_FILE = "deleted.npy"  # int64 ids of deleted items (tombstones), sorted; absent when none
@@ -153,7 +154,8 @@ def _write_meta(
         np.save(gen / DELETED_FILE, dead, allow_pickle=False)
     derived = {**derived, "count": len(items) - len(dead), "deleted": len(dead)}
     derived["next_id"] = max(int(meta.get("next_id", 0)), items.max_id() + 1)
-    header = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "pactl_version": __version__}
+    version = TOMBSTONES_VERSION if len(dead) else 1  # older pactl still reads the rest
+    header = {"format": BUNDLE_FORMAT, "version": version, "pactl_version": __version__}
     mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files"}
     rest = {k: v for k, v in meta.items() if k not in mine}
     full = record_files(gen, {**header, **rest, **derived})
@@ -606,10 +608,11 @@ def _read_meta(path: Path, gen: Path) -> dict[str, Any]:
         vectors = found == VECTORS_FORMAT
         hint = "; it holds vectors: index them with `pactl index`" if vectors else ""
         raise PactlError(f"{path} is not a pactl bundle (meta.json format {found!r}){hint}")
-    if meta.get("version") != BUNDLE_VERSION:
+    version = meta.get("version")
+    if type(version) is not int or not 1 <= version <= BUNDLE_VERSION:
         raise PactlError(
-            f"bundle {path} has version {meta.get('version')!r}; pactl {__version__} reads "
-            f"version {BUNDLE_VERSION}: rebuild it with `pactl index`"
+            f"bundle {path} has version {version!r}; pactl {__version__} reads versions 1 to "
+            f"{BUNDLE_VERSION}: rebuild it with `pactl index`"
         )
     records.field(meta, "dimension", int, where, 1, 65_536)
     records.field(meta, "count", int, where, 0, 2**40)
