@@ -786,9 +786,9 @@ def index(
 
     With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
 
-    --delete marks items deleted (searches skip them at once); --compact, or the next build
-    from a vectors folder, removes them from the index. An integer names an id: give a
-    file named like one as ./123.
+    --delete marks items deleted (searches skip them at once, and a rebuild of the bundle
+    keeps them deleted); --compact removes them from the index for good. An integer names
+    an id: give a file named like one as ./123.
 
     Examples:
 

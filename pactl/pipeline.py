@@ -144,7 +144,9 @@ def index_vectors(
     """Build a bundle from an embed output folder; returns (bundle folder, meta).
 
     Shards are joined in memory, or, with on-disk merging (config.on_disk), indexed one at a time
-    into an IVF whose lists go to index.ivfdata.
+    into an IVF whose lists go to index.ivfdata. A rebuild of a bundle that has items deleted
+    keeps them deleted (by path): they are tombstones again in the new bundle, so a later
+    rebuild still knows them, until `pactl index BUNDLE --compact` removes them for good.
     """
     from pactl.fsutil import new_generation
     from pactl.index import (
@@ -152,6 +154,7 @@ def index_vectors(
         ItemTable,
         build_index,
         build_ondisk_index,
+        deleted_paths,
         wants_on_disk,
         write_bundle,
     )
@@ -162,6 +165,12 @@ def index_vectors(
     out = out or default_bundle_dir(meta.get("checkpoint"))
     check_apart(vectors_dir, out)
     dim = int(parts[0][0].shape[1])
+    try:
+        gone = deleted_paths(out)
+    except PactlError as e:  # the bundle being replaced is damaged: nothing of it is kept
+        reporter.warn(f"{e}; rebuilding it without its deletions")
+        gone = set()
+    dead = None
     with new_generation(out, BUNDLE_FILES) as gen:
         if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
             items = ItemTable.join([table for _, table in parts])
@@ -172,6 +181,9 @@ def index_vectors(
             index, tuning = build_index(
                 np.ascontiguousarray(vectors), config, reporter, ids=items.ids
             )
+        if gone:
+            dead = items.ids[_named(items, gone)]
+            reporter.log(f"{len(dead):,} images deleted from {out} stay deleted")
         bundle_meta = {
             **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
             "checkpoint_relative": _relative(meta.get("checkpoint"), out),
@@ -179,8 +191,14 @@ def index_vectors(
             "vectors": str(vectors_dir.resolve()),
             **tuning,
         }
-        write_bundle(gen, index, items, bundle_meta)
+        write_bundle(gen, index, items, bundle_meta, deleted=dead)
+    bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
+
+
+def _named(items: Any, paths: set[str]) -> np.ndarray:
+    """Whether each item's path is one of `paths`."""
+    return np.fromiter((p in paths for p in items.paths), dtype=bool, count=len(items))
 
 
 def _relative(checkpoint: str | None, bundle_dir: Path) -> str | None:

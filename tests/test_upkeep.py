@@ -20,6 +20,7 @@ from PIL import Image
 
 from pactl.config import IndexConfig
 from pactl.console import QUIET
+from pactl.embed import read_embedded
 from pactl.errors import PactlError
 from pactl.fsutil import current_dir, generation_of
 from pactl.index import (
@@ -515,3 +516,41 @@ def test_what_an_add_embeds(tmp_path: Path, data: Any) -> None:
     delete_items(tmp_path / "b", ids=[0])
     new, changed = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
     assert [f for f, _ in new] == [files[0], *files[2:]] and len(changed) == 2
+
+
+def test_a_rebuild_keeps_deleted_images_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    imgs = make_class_folder(tmp_path / "imgs", classes=3, per_class=4)
+    model = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
+    vec, bundle_dir = tmp_path / "vec", tmp_path / "b"
+    for args in (
+        ["embed", str(imgs), *model, "--out", str(vec)],
+        ["index", str(vec), "--out", str(bundle_dir)],
+    ):
+        assert run_cli(args, monkeypatch, capsys)[0] == 0
+    paths = load_bundle(bundle_dir).items.paths.tolist()
+    delete_items(bundle_dir, paths=[paths[0], paths[5]])
+    for on_disk in ("no", "yes", "no"):  # tombstones again, so the next rebuild knows them
+        args = ["index", str(vec), "--out", str(bundle_dir), "--on-disk", on_disk]
+        args += [] if on_disk == "no" else ["--factory", "IVF2,Flat"]
+        code, out, err = run_cli(args, monkeypatch, capsys)
+        assert code == 0 and "2 images deleted from" in err, err
+        bundle = load_bundle(bundle_dir)
+        dead = bundle.is_deleted(bundle.items.ids).tolist()
+        live = [p for p, d in zip(bundle.items.paths.tolist(), dead, strict=True) if not d]
+        assert live == [p for i, p in enumerate(paths) if i not in (0, 5)]
+        assert bundle.live_count == len(paths) - 2 and f"indexed {len(paths) - 2} items" in out
+        vectors, vec_items, _ = read_embedded(vec)
+        _, ids = search(bundle, np.asarray(vectors), len(paths))  # every image, every item
+        found = {int(i) for i in ids.ravel() if i >= 0}
+        assert found == {int(i) for i, p in zip(vec_items.ids, paths, strict=True) if p in live}
+    # --compact removes them for good: the bundle forgets them, and a rebuild from a vectors
+    # folder that still holds those images has them again (docs/cli.md says so).
+    compact_bundle(bundle_dir)
+    code, _, err = run_cli(["index", str(vec), "--out", str(bundle_dir)], monkeypatch, capsys)
+    assert code == 0 and "deleted from" not in err
+    assert load_bundle(bundle_dir).live_count == len(paths)
+    other = tmp_path / "other"  # a new folder knows nothing of the deletions
+    assert run_cli(["index", str(vec), "--out", str(other)], monkeypatch, capsys)[0] == 0
+    assert load_bundle(other).items.paths.tolist() == paths

@@ -529,6 +529,26 @@ def _read_deleted(path: Path, gen: Path, meta: dict[str, Any], items: ItemTable)
     return dead
 
 
+def deleted_paths(path: Path) -> set[str]:
+    """The paths of the items deleted from the bundle at `path` that are not in it under a new
+    id (a changed file replaced by --add is live again): what a rebuild of the same folder
+    leaves out. Empty when `path` is no bundle yet or holds no tombstones; PactlError when it
+    is a bundle that cannot be read."""
+    if not (path / META_FILE).exists():
+        return set()
+
+    def read(gen: Path) -> set[str]:
+        _, items, deleted = _read_tables(path, gen)
+        if not len(deleted):
+            return set()
+        dead = in_sorted(items.ids, deleted)
+        paths = items.paths.tolist()
+        gone = {p for p, d in zip(paths, dead.tolist(), strict=True) if d}
+        return gone - {p for p, d in zip(paths, dead.tolist(), strict=True) if not d}
+
+    return read_current(path, read)
+
+
 def bundle_count(path: Path) -> int:
     """The number of live (not deleted) items in the bundle's current generation (read from its
     meta.json)."""
