@@ -1287,7 +1287,10 @@ def show_list(what: What, fmt: ListFormat | None) -> None:
 
 @app.command(short_help="Answer queries over HTTP: a JSON API and a web page.")
 def serve(
-    bundle: Annotated[Path, typer.Argument(help="Bundle folder to serve.")],
+    bundle: Annotated[
+        Path | None,
+        typer.Argument(help="Bundle folder to serve (default: the latest run's index)."),
+    ] = None,
     host: Annotated[
         str, typer.Option(help="Address to bind; any but loopback needs --token.")
     ] = "127.0.0.1",
@@ -1329,6 +1332,7 @@ def serve(
     Examples:
 
     \b
+      pactl serve                                     # the latest run's index
       pactl serve runs/demo/index                     # http://127.0.0.1:8000/
       pactl serve index --allow-root /data/photos
       PACTL_TOKEN=... pactl serve index --host 0.0.0.0
@@ -1340,10 +1344,15 @@ def serve(
     if missing:
         raise PactlError(f"pactl serve needs {', '.join(missing)}: pip install 'pactl[serve]'")
     from pactl.index import check_folder
+    from pactl.pipeline import find_bundle
     from pactl.serve.config import ServeConfig
     from pactl.serve.server import serve as run_service
 
     check_option("--device", device, TRAIN_RULES["device"])
+    log = reporter(quiet)
+    if bundle is None:
+        bundle = find_bundle(runs_dir(), "name the bundle folder: pactl serve BUNDLE")
+        log.log(f"using index {bundle}")
     check_folder(bundle)
     config = ServeConfig(
         bundle=bundle,
@@ -1357,7 +1366,7 @@ def serve(
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,
     )
-    run_service(config, reporter(quiet))
+    run_service(config, log)
 
 
 @contextmanager

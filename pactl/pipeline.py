@@ -447,13 +447,12 @@ def index_latest_run(
     )
 
 
-def find_bundle(runs: Path) -> Path:
+def find_bundle(runs: Path, name_one: str = "pass --index") -> Path:
     """The most recently written bundle under `runs/` (or `./index`)."""
     metas = [*runs.glob("*/index/meta.json"), *Path("index").glob("meta.json")]
     if not metas:
         raise PactlError(
-            f"no index bundle under {runs}/ or ./index: "
-            "build one with `pactl index` or pass --index"
+            f"no index bundle under {runs}/ or ./index: build one with `pactl index` or {name_one}"
         )
     return max(metas, key=lambda p: p.stat().st_mtime).parent
 

@@ -350,6 +350,28 @@ def test_serve_without_extra_is_one_line(served: Service, monkeypatch: Any, caps
     assert len(err.strip().splitlines()) == 1
 
 
+def test_serve_without_a_bundle_takes_the_latest_runs(monkeypatch: Any, capsys: Any) -> None:
+    import pactl.serve.server
+    from pactl.paths import runs_dir
+
+    runs = runs_dir()
+    code, out, err = run_cli(["serve"], monkeypatch, capsys)  # no runs yet: one line, exit 1
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert f"no index bundle under {runs}/" in err and "pactl serve BUNDLE" in err
+    served: list[Path] = []
+    monkeypatch.setattr(
+        pactl.serve.server, "serve", lambda config, log: served.append(config.bundle)
+    )
+    for run, age in (("old", 100), ("new", 0)):
+        (runs / run / "index").mkdir(parents=True)
+        meta = runs / run / "index" / "meta.json"
+        meta.write_text("{}")
+        os.utime(meta, (time.time() - age, time.time() - age))
+    code, _, err = run_cli(["serve"], monkeypatch, capsys)
+    assert code == 0 and served == [runs / "new" / "index"], err
+    assert f"using index {runs / 'new' / 'index'}" in err
+
+
 def test_cli_import_stays_without_the_web_stack() -> None:
     web = "{'fastapi', 'uvicorn', 'starlette'}"
     probe = f"import sys, pactl.cli; print(sorted({web} & set(sys.modules)))"
