@@ -742,7 +742,8 @@ def index(
             exists=True,
             file_okay=False,
             help="Append SOURCE's new images to this bundle, and replace those whose file "
-            "changed (size or mtime); images gone from SOURCE stay (see --delete).",
+            "changed (size or mtime); images gone from SOURCE stay (see --delete), and "
+            "deleted ones stay out while unchanged.",
         ),
     ] = None,
     delete: Annotated[

@@ -274,7 +274,12 @@ def _add_locked(
 ) -> dict[str, Any]:
     from pactl.index import add_to_bundle, bundle_count
 
-    new, changed = _to_embed(files, labels, bundle)
+    new, changed, kept_out = _to_embed(files, labels, bundle)
+    if kept_out:
+        reporter.log(
+            f"{kept_out} images of {source} were deleted from {bundle_dir} and are unchanged "
+            "since: left out (a changed file, e.g. touched, is added again)"
+        )
     if not new:
         reporter.log(f"every image of {source} is already in {bundle_dir}, unchanged")
         return {"added": 0, "replaced": 0, "count": bundle.live_count}
@@ -315,25 +320,36 @@ def _add_locked(
 
 def _to_embed(
     files: list[Path], labels: list[str], bundle: Any
-) -> tuple[list[tuple[Path, str]], dict[str, int]]:
+) -> tuple[list[tuple[Path, str]], dict[str, int], int]:
     """The (file, label) pairs an --add embeds: those the bundle lacks, and those whose size or
-    mtime_ns differs from what it recorded (unknown in older bundles: taken as unchanged); and
-    for the changed ones, their path -> the id of the live item they replace. Files gone from
-    the source stay in the bundle."""
+    mtime_ns differs from what it recorded (unknown in older bundles: taken as unchanged); for
+    the changed ones, their path -> the id of the live item they replace; and how many files
+    were left out because they were deleted from the bundle and are unchanged since (a sweep
+    of the source folder does not bring back what was deleted; a changed file is new content
+    and is added). Files gone from the source stay in the bundle."""
     items = bundle.items
     dead = bundle.is_deleted(items.ids).tolist()
-    known = {p: row for row, (p, d) in enumerate(zip(items.paths, dead, strict=True)) if not d}
+    known: dict[str, int] = {}
+    deleted: dict[str, int] = {}
+    for at, (p, d) in enumerate(zip(items.paths, dead, strict=True)):
+        (deleted if d else known)[p] = at
     new: list[tuple[Path, str]] = []
     changed: dict[str, int] = {}
+    kept_out = 0
     for f, label in zip(files, labels, strict=True):
         key = os.path.abspath(f)
-        row = known.get(key)
-        if row is None:
+        row, gone = known.get(key), deleted.get(key)
+        if row is None and gone is not None:
+            if _changed(f, int(items.sizes[gone]), int(items.mtimes[gone])):
+                new.append((f, label))
+            else:
+                kept_out += 1
+        elif row is None:
             new.append((f, label))
         elif _changed(f, int(items.sizes[row]), int(items.mtimes[row])):
             new.append((f, label))
             changed[key] = int(items.ids[row])
-    return new, changed
+    return new, changed, kept_out
 
 
 def _changed(file: Path, size: int, mtime_ns: int) -> bool:

@@ -491,11 +491,17 @@ def test_add_replaces_the_vector_of_a_changed_file(
     assert out == f"added 0 items to {b} (6 in all)\n"
     assert compact_bundle(b)["count"] == 6
     assert [h.id for h in best(6)][0] == new_id
+    # A sweep of the folder after a delete leaves the deleted image out while it is unchanged.
+    assert run_cli(["index", str(b), "--delete", str(target)], monkeypatch, capsys)[0] == 0
+    code, out, err = run_cli(["index", str(imgs), "--add", str(b)], monkeypatch, capsys)
+    assert out == f"added 0 items to {b} (5 in all)\n" and "1 images of" in err, err
+    assert load_bundle(b).is_deleted(np.array([new_id]))[0]
 
 
 def test_what_an_add_embeds(tmp_path: Path, data: Any) -> None:
     """New files, and changed ones (size or mtime differs from the recorded one); unknown
-    size/mtime (-1, an older bundle) is taken as unchanged, and a deleted file comes back new."""
+    size/mtime (-1, an older bundle) is taken as unchanged. A deleted file stays out while it
+    is unchanged, and comes back as a new item once it changes."""
     from pactl.pipeline import _to_embed
 
     base, _ = data
@@ -511,11 +517,15 @@ def test_what_an_add_embeds(tmp_path: Path, data: Any) -> None:
     ]
     index, record = build_index(base[:4], IndexConfig(factory="Flat"), QUIET)
     save_bundle(tmp_path / "b", index, recorded, {"fingerprint": FINGERPRINT, **record})
-    new, changed = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
+    new, changed, out = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
     assert [f for f, _ in new] == files[2:] and changed == {str(files[2]): 2, str(files[3]): 3}
-    delete_items(tmp_path / "b", ids=[0])
-    new, changed = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
-    assert [f for f, _ in new] == [files[0], *files[2:]] and len(changed) == 2
+    assert out == 0
+    delete_items(tmp_path / "b", ids=[0, 1, 2])  # unknown stats, as recorded, changed since
+    new, changed, out = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
+    assert [f for f, _ in new] == files[2:] and changed == {str(files[3]): 3} and out == 2
+    os.utime(files[1], ns=(mtime + 10**9, mtime + 10**9))  # touched: new content to pactl
+    new, _, out = _to_embed(files, list("abcde"), load_bundle(tmp_path / "b"))
+    assert [f for f, _ in new] == files[1:] and out == 1
 
 
 def test_a_rebuild_keeps_deleted_images_deleted(
