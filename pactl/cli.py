@@ -873,7 +873,7 @@ def keep_bundle(
         raise UsageError("--delete and --compact need the bundle: pactl index BUNDLE --delete ID")
     if add is not None:
         raise UsageError("--add does not go with --delete or --compact: run them one after another")
-    names = [str(p) for name in delete for p in (stdin_paths() if name == "-" else [name])]
+    names = [given for name in delete for given in (stdin_names() if name == "-" else [name])]
     if delete and not names:
         raise PactlError("--delete - read no ids or paths from standard input")
     ids = [int(name) for name in names if re.fullmatch(r"[0-9]+", name)]
@@ -1100,19 +1100,24 @@ def check_query_io(images: list[str], grid: Path | None) -> None:
 
 
 def stdin_paths(null: bool = False) -> Iterator[Path]:
-    """Paths on stdin, read as bytes: a name that is not UTF-8 keeps its bytes (os.fsdecode),
-    as a name given on the command line does. One a line, or with `null` NUL-separated (from
-    `find -print0`), where a name may hold a newline too."""
+    """Paths on stdin (stdin_names)."""
+    return map(Path, stdin_names(null))
+
+
+def stdin_names(null: bool = False) -> Iterator[str]:
+    """Names on stdin as written (`./123` stays `./123`), read as bytes: a name that is not
+    UTF-8 keeps its bytes (os.fsdecode), as a name given on the command line does. One a line,
+    or with `null` NUL-separated (from `find -print0`), where a name may hold a newline too."""
     stream = getattr(sys.stdin, "buffer", sys.stdin)  # tests give a text stream
     for record in nul_records(stream) if null else stream:
         name = os.fsdecode(record) if isinstance(record, bytes) else record
         if null:
             if name:
-                yield Path(name)
+                yield name
         elif "\0" in name:
             raise UsageError("standard input holds NUL characters: give -0 for NUL-separated paths")
         elif name.strip():
-            yield Path(name.rstrip("\n"))
+            yield name.rstrip("\n")
 
 
 def nul_records(stream: Any) -> Iterator[Any]:

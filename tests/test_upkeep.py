@@ -412,6 +412,10 @@ def test_cli_delete_and_compact(
         assert code == 1 and out == "" and err.count("\n") == 1 and name.split("/")[-1] in err, err
     code, _, err = run_cli(["index", b, "--delete", "-"], monkeypatch, capsys, stdin="")
     assert code == 1 and "standard input" in err
+    # `./11` names a file called 11, on stdin as on the command line; item 11 is not deleted.
+    for how in (["--delete", "./11"], ["--delete", "-"]):
+        code, _, err = run_cli(["index", b, *how], monkeypatch, capsys, stdin="./11\n")
+        assert code == 1 and "has the path ./11" in err, err
     assert load_bundle(bundle_dir).deleted.tolist() == [3, 5, 7, 9]
     code, out, _ = run_cli(["index", b, "--compact"], monkeypatch, capsys)
     assert (code, out) == (0, f"compacted {b}: removed 4 deleted items (26 in all)\n")
