@@ -128,32 +128,37 @@ def write_bundle(
     else:
         items.write(gen / ITEMS_FILE)
     items.save(gen / TABLE_FILE)  # what load_bundle maps; items.csv is the export
-    derived = {
-        "dimension": int(index.d),
-        "metric": "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2",
-        "on_disk": lists is not None,
-        "index_bytes": (gen / INDEX_FILE).stat().st_size,
-        **({"ivfdata_bytes": (gen / IVFDATA_FILE).stat().st_size} if lists is not None else {}),
-    }
-    _write_meta(gen, meta, derived, items, deleted)
+    metric = "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2"
+    _write_meta(gen, meta, int(index.d), metric, items, deleted)
 
 
 def _write_meta(
     gen: Path,
     meta: dict[str, Any],
-    derived: dict[str, Any],
+    dimension: int,
+    metric: str,
     items: ItemTable,
     deleted: np.ndarray | None,
 ) -> None:
     """deleted.npy (when there are tombstones) and meta.json, whose "count" is the live items
-    and "deleted" the tombstones; the index holds both."""
+    and "deleted" the tombstones (the index holds both), and the sizes of the index files
+    already in `gen` (index.ivfdata, if there, makes it an on-disk bundle)."""
     dead = np.unique(np.asarray(deleted if deleted is not None else (), dtype=np.int64))
     if len(dead) and (items.positions(dead) < 0).any():
         raise PactlError(f"deleted id {int(dead[items.positions(dead) < 0][0])} is not an item")
     if len(dead):
         np.save(gen / DELETED_FILE, dead, allow_pickle=False)
-    derived = {**derived, "count": len(items) - len(dead), "deleted": len(dead)}
-    derived["next_id"] = max(int(meta.get("next_id", 0)), items.max_id() + 1)
+    on_disk = (gen / IVFDATA_FILE).is_file()
+    derived = {
+        "dimension": dimension,
+        "count": len(items) - len(dead),
+        "deleted": len(dead),
+        "next_id": max(int(meta.get("next_id", 0)), items.max_id() + 1),
+        "metric": metric,
+        "on_disk": on_disk,
+        "index_bytes": (gen / INDEX_FILE).stat().st_size,
+        **({"ivfdata_bytes": (gen / IVFDATA_FILE).stat().st_size} if on_disk else {}),
+    }
     version = TOMBSTONES_VERSION if len(dead) else 1  # older pactl still reads the rest
     header = {"format": BUNDLE_FORMAT, "version": version, "pactl_version": __version__}
     mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files"}
@@ -289,15 +294,8 @@ def delete_items(
             for name in (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE):
                 if (gen_now / name).is_file():
                     _link_or_copy(gen_now / name, gen / name)
-            on_disk = (gen / IVFDATA_FILE).is_file()
-            derived = {
-                "dimension": meta["dimension"],
-                "metric": meta.get("metric", "ip"),
-                "on_disk": on_disk,
-                "index_bytes": (gen / INDEX_FILE).stat().st_size,
-                **({"ivfdata_bytes": (gen / IVFDATA_FILE).stat().st_size} if on_disk else {}),
-            }
-            _write_meta(gen, meta, derived, items, np.union1d(dead, fresh))
+            metric = meta.get("metric", "ip")
+            _write_meta(gen, meta, meta["dimension"], metric, items, np.union1d(dead, fresh))
         (reporter or QUIET).log(f"deleted {len(fresh)} items from {bundle_dir}")
         return len(fresh)
 
