@@ -32,6 +32,7 @@ from pactl.fsutil import (
     read_current,
     record_files,
 )
+from pactl.paths import NAME_ENCODING, NAME_ERRORS
 
 VECTORS_FORMAT = "pactl.vectors"
 VECTORS_VERSION = 1
@@ -469,11 +470,11 @@ def read_previous(out_dir: Path, fingerprint: str) -> Previous | None:
         vectors, meta = read_vectors_in(folder, out_dir)
         if meta.get("fingerprint") != fingerprint:
             return None
-        rows: dict[str, tuple[int, int, int, int]] = {}
-        with open(folder / "items.csv", newline="", **ITEMS_ENCODING) as f:  # type: ignore[call-overload]
-            for row, r in enumerate(csv.DictReader(f)):
-                size, mtime = int(r.get("size") or -1), int(r.get("mtime_ns") or -1)
-                rows[r["path"]] = (row, int(r["id"]), size, mtime)
+        from pactl.index import ItemTable
+
+        items = ItemTable.read(folder / "items.csv")
+        columns = (items.paths, items.ids.tolist(), items.sizes.tolist(), items.mtimes.tolist())
+        rows = {path: (row, *rest) for row, (path, *rest) in enumerate(zip(*columns, strict=True))}
         return Previous(vectors, rows)
 
     try:
@@ -493,10 +494,6 @@ def file_stats(files: Sequence[Path]) -> list[tuple[int, int]]:
     return stats
 
 
-# File names are bytes: one that is not UTF-8 round-trips through its surrogate escapes.
-ITEMS_ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}
-
-
 def csv_writer(f: Any) -> Any:
     """Strings quoted, numbers not: a CR or LF inside a name stays inside its field (unquoted,
     a lone CR would end the row for every CSV reader)."""
@@ -504,7 +501,7 @@ def csv_writer(f: Any) -> Any:
 
 
 def write_rows(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    with open(path, "w", newline="", **ITEMS_ENCODING) as f:  # type: ignore[call-overload]
+    with open(path, "w", newline="", encoding=NAME_ENCODING, errors=NAME_ERRORS) as f:
         writer = csv_writer(f)
         writer.writerow(header)
         writer.writerows(rows)

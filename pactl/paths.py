@@ -7,6 +7,10 @@ from pathlib import Path
 
 from pactl.errors import PactlError
 
+# File names are bytes: one that is not UTF-8 round-trips through its surrogate escapes in
+# every file that lists names (items.csv, skipped.csv, items.bin).
+NAME_ENCODING, NAME_ERRORS = "utf-8", "surrogateescape"
+
 
 def pactl_home() -> Path:
     """`$PACTL_HOME`, or the platform's user data folder."""

@@ -24,12 +24,12 @@ from typing import IO, Any, overload
 import numpy as np
 
 from pactl.errors import PactlError
+from pactl.paths import NAME_ENCODING, NAME_ERRORS
 
 ITEMS_HEADER = ("id", "path", "label")
 STAT_COLUMNS = ("size", "mtime_ns")  # after ITEMS_HEADER; -1 where unknown
 UNKNOWN = -1
-# File names are bytes: one that is not UTF-8 round-trips through its surrogate escapes.
-ENCODING, ERRORS = "utf-8", "surrogateescape"
+ENCODING, ERRORS = NAME_ENCODING, NAME_ERRORS  # file names keep their bytes
 
 TABLE_FILE = "items.bin"  # a bundle's lean table; its items.csv stays as the export
 TABLE_FORMAT = "pactl.items"
