@@ -59,8 +59,8 @@ def embed_source(
     """Embed a source with a checkpoint or a backbone (`model_from`) into `out_dir`, or with
     `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
     in the whole (sorted) input list. Progress is committed every `commit_every` images
-    (default pactl.embed.COMMIT_EVERY)."""
-    from pactl.embed import COMMIT_EVERY, Shard, parse_shard
+    (default pactl.config.COMMIT_EVERY)."""
+    from pactl.embed import Shard, parse_shard
 
     part = parse_shard(shard) if shard else Shard()  # a usage mistake before any listing
     files, labels = source_items(source, split, reporter, follow_links)
@@ -81,7 +81,7 @@ def embed_source(
         workers,
         batch_size,
         amp,
-        commit_every=commit_every or COMMIT_EVERY,
+        commit_every=commit_every,
         gpu_decode=gpu_decode,
     )
 
