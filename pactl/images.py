@@ -18,9 +18,7 @@ the Dataset, transforms and `collate` work with worker processes under fork or s
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import struct
 import warnings
 import zlib
@@ -36,6 +34,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 from torchvision import transforms as T
 
 from pactl.errors import PactlError
+from pactl.files import NotRegular, one_line, open_regular, os_reason
 
 __all__ = [
     "AUGMENTS",
@@ -56,16 +55,9 @@ DEFAULT_MAX_PIXELS = 178_956_970
 # Modes holding more than 8 bits per sample that PIL's convert("L") would clip, not scale.
 _WIDE_INT_MODES = frozenset({"I", "I;16", "I;16L", "I;16B", "I;16N"})
 _ALPHA_MODES = frozenset({"RGBA", "RGBa", "LA", "La", "PA"})
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # absent on Windows
 _GPU_JPEG_MODES = frozenset({"RGB", "L"})  # JPEGs a GPU decodes to the colours PIL gives
 _ORIENTATION = 0x0112  # the EXIF tag
 _JPEG_END = b"\xff\xd9"  # the end-of-image marker
-_KINDS = {
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
 
 # What PIL's plugins raise on corrupt data: there is no common base class, so the set is named.
 _DECODE_ERRORS = (
@@ -133,7 +125,7 @@ def _image_errors(path: Path | str) -> Iterator[None]:
     except OSError as e:
         if isinstance(e, UnidentifiedImageError) or e.errno is None:
             raise ImageError(path, _decode_reason(e)) from e
-        raise ImageError(path, _os_reason(e)) from e
+        raise ImageError(path, os_reason(e)) from e
     except _DECODE_ERRORS as e:
         raise ImageError(path, _decode_reason(e)) from e
 
@@ -172,26 +164,12 @@ def _check_pixels(path: Path | str, size: tuple[int, int], max_pixels: int | Non
 
 
 def _open_regular(path: Path | str) -> BinaryIO:
-    """Open `path` only if it is a regular file: opening a FIFO blocks until a writer comes
-    (forever), and opening a device may act on the device. Checked before the open, and again
-    on the open file (opened without blocking) in case the name changed in between."""
-    _check_regular(path, os.stat(path).st_mode)
-    fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    """Open `path` only if it is a regular file (pactl.files.open_regular): never a FIFO, which
+    would block, or a device."""
     try:
-        _check_regular(path, os.fstat(fd).st_mode)
-        if _NONBLOCK:
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _check_regular(path: Path | str, mode: int) -> None:
-    if stat.S_ISDIR(mode):
-        raise ImageError(path, "is a directory, not a file")
-    if not stat.S_ISREG(mode):
-        raise ImageError(path, f"not a regular file ({_KINDS.get(stat.S_IFMT(mode), 'special')})")
+        return open_regular(path)
+    except NotRegular as e:
+        raise ImageError(path, str(e)) from None
 
 
 def _decode(
@@ -232,30 +210,15 @@ def _wide_to_l(img: Image.Image) -> Image.Image:
     return Image.fromarray(scaled, mode="L")
 
 
-def _os_reason(e: OSError) -> str:
-    reasons = {
-        errno.ENOENT: "file not found",
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-        errno.EISDIR: "is a directory, not a file",
-    }
-    return reasons.get(e.errno or 0, e.strerror or _one_line(e))
-
-
 def _decode_reason(e: BaseException) -> str:
     if isinstance(e, UnidentifiedImageError):
         return "not an image (or a format PIL cannot read)"
     if isinstance(e, Image.DecompressionBombError):
-        return f"too many pixels (possible decompression bomb): {_one_line(e)}"
-    text = _one_line(e)
+        return f"too many pixels (possible decompression bomb): {one_line(e)}"
+    text = one_line(e)
     if "truncated" in text.lower() or isinstance(e, EOFError):
         return f"truncated file ({text})"
     return f"corrupt image data ({type(e).__name__}: {text})"
-
-
-def _one_line(e: BaseException, limit: int = 160) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------- transforms

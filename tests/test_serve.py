@@ -641,3 +641,20 @@ def test_a_write_while_another_writer_holds_the_bundle_is_409(served: Service) -
         assert after["items"] == before["items"] and after["generation"] == before["generation"]
         assert client.get("/items/0").status_code == 200  # not deleted
     assert sorted((served.bundle / "uploads").rglob("*")) == uploads  # no orphan upload kept
+
+
+def test_the_client_refuses_what_a_local_query_refuses_in_the_same_words(tmp_path: Path) -> None:
+    from pactl.errors import PactlError
+    from pactl.images import ImageError, load_image
+    from pactl.serve.client import read_image_bytes
+
+    fifo = tmp_path / "q.png"
+    os.mkfifo(fifo)  # opening it to read would block until a writer came
+    for name in (fifo, tmp_path, tmp_path / "missing.png"):
+        with pytest.raises(ImageError) as local:
+            load_image(name)
+        with pytest.raises(PactlError) as remote:
+            read_image_bytes(name)
+        assert str(local.value) == f"{name}: {remote.value}"
+    with pytest.raises(PactlError, match=r"^not a regular file \(a FIFO\)$"):
+        read_image_bytes(fifo)

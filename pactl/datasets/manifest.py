@@ -25,6 +25,7 @@ import numpy as np
 
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
+from pactl.files import KINDS
 from pactl.fsutil import atomic_write_text
 from pactl.paths import pactl_home
 
@@ -340,13 +341,7 @@ def _sort_entry(
     return None
 
 
-_KINDS = {
-    0: "a broken link",
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-}
+_KINDS = {0: "a broken link", **KINDS}
 
 
 def _count(items: Sequence[object], one: str, many: str = "") -> str:

@@ -8,10 +8,8 @@ them in the same batch shapes and gives the same digits), and less than the uplo
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 import urllib.error
 import urllib.request
 import uuid
@@ -21,6 +19,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from pactl.errors import PactlError, UsageError
+from pactl.files import NotRegular, open_regular, os_reason
 from pactl.pipeline import QueryChunk
 from pactl.search import Hit
 
@@ -61,20 +60,16 @@ def remote_chunks(
 
 
 def read_image_bytes(path: Path) -> bytes:
-    """A query file's bytes, or the reason it cannot be read, worded as pactl.images words it
-    (missing, a folder, a FIFO or device: never opened), without decoding it (the service
-    decodes, with embed's limits) and without importing torch."""
+    """A query file's bytes, or the reason it cannot be read, as a local query gives it
+    (pactl.files: a folder, a FIFO or a device is never opened), without decoding it (the
+    service decodes, with embed's limits) and without importing torch."""
     try:
-        mode = os.stat(path).st_mode
-        if stat.S_ISDIR(mode):
-            raise PactlError("is a directory, not a file")
-        if not stat.S_ISREG(mode):
-            raise PactlError("not a regular file")
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             return f.read()
+    except NotRegular as e:
+        raise PactlError(str(e)) from None
     except OSError as e:
-        reasons = {errno.ENOENT: "file not found", errno.EACCES: "permission denied"}
-        raise PactlError(reasons.get(e.errno or 0, e.strerror or str(e))) from None
+        raise PactlError(os_reason(e)) from None
 
 
 def _ask(
