@@ -108,6 +108,35 @@ def run_cli(
     return code, captured.out, captured.err
 
 
+# The start of a script that imports pactl (and torch) once and forks a child per `pactl` run:
+# a fresh interpreter per run would spend seconds importing torch. `run_pactl(job)` runs in the
+# forked child and never returns: job["args"] are the arguments, stderr goes to job["log"] and
+# stdout too with job["stdout"] == "log" (else nowhere); job["env"] and job["cwd"] if given.
+# The tests that fork add their own loop. Fork happens before any thread pool.
+FORKING_PACTL = r"""
+import json, os, sys, time
+import pactl.cli, pactl.embed, pactl.index, pactl.pipeline, pactl.backbones, pactl.model
+import pactl.checkpoint, pactl.timm_backbone, timm, torchvision
+
+def run_pactl(job):
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    out = log if job.get("stdout") == "log" else os.open(os.devnull, os.O_WRONLY)
+    os.dup2(out, 1); os.dup2(log, 2)
+    os.environ.update(job.get("env", {})); os.chdir(job.get("cwd", "."))
+    sys.argv = ["pactl", *job["args"]]
+    code = 0
+    try:
+        pactl.cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(code)
+
+def exit_code(status):
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+"""
+
+
 def one_error(err: str) -> str:
     """The single line of stderr, which must be an error line and no traceback (warnings, shown
     even with --quiet, say something of the result and are not errors)."""

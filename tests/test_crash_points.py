@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import make_class_folder, run_cli, unit
+from conftest import FORKING_PACTL, make_class_folder, run_cli, unit
 
 from pactl.config import IndexConfig
 from pactl.console import QUIET
@@ -34,35 +34,17 @@ from pactl.index import add_to_bundle, build_index, delete_items, load_bundle, s
 MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
 
 
-# A parent that imports pactl (and torch) once and forks a child per run: a fresh interpreter per
-# run would spend seconds importing torch, dozens of times. Fork happens before any thread pool.
+# After FORKING_PACTL: per line of stdin, fork a child for each job of the
+# line at once, then print their exit codes (-9: killed at the crash point).
 ZYGOTE = r"""
-import json, os, sys
-import pactl.cli, pactl.embed, pactl.index, pactl.pipeline, pactl.backbones, pactl.model
-import pactl.checkpoint, pactl.timm_backbone, timm, torchvision
 for line in sys.stdin:
     jobs, pids = json.loads(line), []
     for job in jobs:
         pid = os.fork()
         if pid == 0:
-            null = os.open(os.devnull, os.O_WRONLY)
-            log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-            os.dup2(null, 1); os.dup2(log, 2)
-            os.environ.update(job["env"]); os.chdir(job["cwd"])
-            sys.argv = ["pactl", *job["args"]]
-            code = 0
-            try:
-                pactl.cli.main()
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 0
-            sys.stderr.flush()
-            os._exit(code)
+            run_pactl(job)
         pids.append(pid)
-    codes = []
-    for pid in pids:
-        _, status = os.waitpid(pid, 0)
-        codes.append(-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
-    print(json.dumps(codes), flush=True)
+    print(json.dumps([exit_code(os.waitpid(pid, 0)[1]) for pid in pids]), flush=True)
 """
 
 
@@ -70,7 +52,7 @@ class Zygote:
     def __init__(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE],
+            [sys.executable, "-c", FORKING_PACTL + ZYGOTE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

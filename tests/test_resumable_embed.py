@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import make_class_folder
+from conftest import FORKING_PACTL, make_class_folder
 
 from pactl import embed as embed_module
 from pactl.checkpoint import open_network
@@ -135,32 +135,18 @@ def test_progress_cut_another_way_is_not_reused(
     np.testing.assert_allclose(vectors, want_vectors, atol=1e-6)
 
 
-# A parent that imports pactl once and forks one `pactl` child per line of stdin, printing the
-# child's pid at once and its exit status when it ends (-9: killed). A fresh interpreter per run
-# would spend seconds importing torch before any image is embedded.
+# After FORKING_PACTL: one `pactl` child per line of stdin, printing the
+# child's pid at once and its exit status when it ends (-9: killed).
 FORKER = r"""
-import json, os, sys, time
-import pactl.cli, pactl.embed, pactl.pipeline, pactl.backbones, pactl.model, pactl.checkpoint
-import pactl.timm_backbone, timm, torchvision
 for line in sys.stdin:
-    job = json.loads(line)
+    job = {**json.loads(line), "stdout": "log"}
     pid = os.fork()
     if pid == 0:
-        log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(log, 1); os.dup2(log, 2)
-        sys.argv = ["pactl", *job["args"]]
-        code = 0
-        try:
-            pactl.cli.main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 0
-        sys.stdout.flush(); sys.stderr.flush()
-        os._exit(code)
+        run_pactl(job)
     start = time.monotonic()
     print(pid, flush=True)
-    _, status = os.waitpid(pid, 0)
-    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    print(json.dumps([code, time.monotonic() - start]), flush=True)
+    status = os.waitpid(pid, 0)[1]
+    print(json.dumps([exit_code(status), time.monotonic() - start]), flush=True)
 """
 
 
@@ -179,7 +165,7 @@ def test_embed_killed_at_random_moments_ends_as_one_uninterrupted_run(tmp_path: 
     imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=16, size=24)
     model = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
     forker = subprocess.Popen(
-        [sys.executable, "-c", FORKER],
+        [sys.executable, "-c", FORKING_PACTL + FORKER],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
