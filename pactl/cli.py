@@ -89,7 +89,7 @@ app = typer.Typer(
     help="Proxy-Anchor metric learning and FAISS retrieval: labelled images in, "
     "top-k answers out.\n\n"
     "Examples:\n\n\b\n  pactl download digits\n  pactl train digits\n  pactl index\n"
-    "  pactl query img.png --k 4\n  pactl list backbones",
+    "  pactl query img.png --k 4\n  pactl serve\n  pactl list backbones",
     no_args_is_help=True,
     add_completion=False,
     # Click's plain help: option names and choices are never cut or folded at 80 columns, and
