@@ -77,23 +77,24 @@ def save(path: Path, payload: dict[str, Any]) -> None:
         try:
             torch.save(payload, cast(IO[bytes], sink))
         except RuntimeError:
-            if sink.error is not None:  # the real cause, for atomic_path (a full disk)
+            if sink.error is not None:  # the real cause: a full disk, or Ctrl-C mid-write
                 raise sink.error from None
             raise
 
 
 class _Sink:
-    """A file for torch.save that keeps the OSError of a failed write: torch reports it as a
-    RuntimeError that no longer says why (a full disk reads "unexpected pos 704 vs 598")."""
+    """A file for torch.save that keeps what stopped a write: torch reports a failed or
+    interrupted write as a RuntimeError that no longer says why ("unexpected pos 704 vs 598"),
+    so a full disk would not read as one, and Ctrl-C would end in a traceback, not exit 130."""
 
     def __init__(self, file: IO[bytes]) -> None:
         self.file = file
-        self.error: OSError | None = None
+        self.error: BaseException | None = None
 
     def write(self, data: bytes) -> int:
         try:
             return self.file.write(data)
-        except OSError as e:
+        except BaseException as e:  # OSError, KeyboardInterrupt
             self.error = e
             raise
 

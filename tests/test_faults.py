@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -98,6 +99,40 @@ def test_sigkill_during_embed_and_index(
     assert pactl(index, env).wait(timeout=300) == 0
     assert not [p for p in (tmp_path / "v").iterdir() if p.name.endswith(".tmp")]
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_ctrl_c_in_the_middle_of_a_checkpoint_write_is_an_interrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch.save turns a write that stopped part-way into "RuntimeError: unexpected pos": with
+    # Ctrl-C landing inside a write, that was a traceback and exit 1 instead of exit 130.
+    import torch
+
+    path = tmp_path / "checkpoint.pt"
+    ckpt.save(path, {"w": torch.zeros(4)})
+    before = path.read_bytes()
+
+    class Interrupted:
+        """The temporary file, with Ctrl-C arriving during its third write."""
+
+        def __init__(self, file: Any) -> None:
+            self.file, self.writes = file, 0
+
+        def write(self, data: bytes) -> int:
+            self.writes += 1
+            if self.writes == 3:  # as Python's SIGINT handler raises inside a write
+                raise KeyboardInterrupt
+            return int(self.file.write(data))
+
+        def flush(self) -> None:
+            self.file.flush()
+
+    real_init = ckpt._Sink.__init__
+    monkeypatch.setattr(ckpt._Sink, "__init__", lambda s, f: real_init(s, Interrupted(f)))
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(path, {"w": torch.ones(1000)})
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]  # no temporary
 
 
 def test_full_disk_keeps_the_previous_checkpoint(
