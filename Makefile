@@ -31,7 +31,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix pactl tests bench
 	$(BIN)/ruff format pactl tests bench
 
-# download digits -> train -> index -> query, on the CPU: 19 to 22 s on 2 cores with .venv installed.
+# download digits -> train -> index -> query, on the CPU: 19 to 24 s on 2 cores with .venv installed.
 demo: $(STAMP)
 	$(PACTL) download digits
 	$(PACTL) train digits --name demo --overwrite
