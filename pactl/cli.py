@@ -187,6 +187,16 @@ class FaissDevice(str, Enum):
     gpu = "gpu"
 
 
+SearchDevice = Annotated[
+    FaissDevice,
+    typer.Option(
+        "--faiss-device",
+        help="Where FAISS searches: auto copies a Flat index onto the GPUs when FAISS has them "
+        "(the gpu extra); other kinds search on the CPU.",
+    ),
+]
+
+
 def reporter(quiet: bool) -> Reporter:
     return Reporter(err, quiet=quiet)
 
@@ -948,6 +958,7 @@ def query(
         Path | None, typer.Option(help="Also draw the first 32 queries and their hits (PNG).")
     ] = None,
     device: Device = "auto",
+    faiss_device: SearchDevice = FaissDevice.auto,
     follow_links: FollowLinks = False,
     server: Annotated[
         str | None,
@@ -984,8 +995,10 @@ def query(
     if server is not None:
         local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
         given = [name for name, value in local.items() if value is not None]
-        if given or device != "auto":
-            shown = ", ".join(given + (["--device"] if device != "auto" else []))
+        given += ["--device"] if device != "auto" else []
+        given += ["--faiss-device"] if faiss_device is not FaissDevice.auto else []
+        if given:
+            shown = ", ".join(given)
             raise UsageError(f"--server queries the service's own bundle and network: drop {shown}")
         from pactl.serve.client import check_url, remote_chunks
 
@@ -1013,6 +1026,7 @@ def query(
         device,
         log,
         know_labels=grid is not None,
+        faiss_device=faiss_device.value,
     )
     skipped = answer_queries(chunks, writer, strict, pictured if grid is not None else None)
     if grid is not None:
@@ -1328,6 +1342,7 @@ def serve(
         typer.Option(min=0, max=1000, help="How long a pass waits for requests to join it."),
     ] = 4.0,
     device: Device = "auto",
+    faiss_device: SearchDevice = FaissDevice.auto,
     quiet: Quiet = False,
 ) -> None:
     """Load the network and the bundle once and answer queries over HTTP: a JSON API
@@ -1366,6 +1381,7 @@ def serve(
         port=port,
         token=token,
         device=device,
+        faiss_device=faiss_device.value,
         allow_roots=tuple(allow_root or ()),
         upload_dir=upload_dir,
         max_upload_bytes=int(max_upload_mb * 1024 * 1024),

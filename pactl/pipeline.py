@@ -482,14 +482,15 @@ class QueryChunk:
 
 
 def open_query_model(
-    bundle_dir: Path, checkpoint: Path | None, device_name: str
+    bundle_dir: Path, checkpoint: Path | None, device_name: str, faiss_device: str = "auto"
 ) -> tuple[Any, Any, Any, Any]:
-    """Load the bundle and its model once; refuse a model other than the bundle's."""
+    """Load the bundle (searching where `faiss_device` says) and its model once; refuse a
+    model other than the bundle's."""
     from pactl.checkpoint import network_of
     from pactl.embed import resolve_device
     from pactl.index import load_bundle
 
-    bundle = load_bundle(bundle_dir)
+    bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
     model, network = network_of(
         bundle.meta, checkpoint or bundle_checkpoint(bundle.meta, bundle_dir)
     )
@@ -509,6 +510,7 @@ def query_chunks(
     chunk: int = 512,
     batch_size: int = 128,
     know_labels: bool = False,
+    faiss_device: str = "auto",
 ) -> Any:
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
     from itertools import islice
@@ -516,7 +518,9 @@ def query_chunks(
     from pactl.embed import PREPARE_MIN_IMAGES, embed_files, inference_model
     from pactl.search import PathIndex, hits, search
 
-    bundle, model, model_cfg, device = open_query_model(bundle_dir, checkpoint, device_name)
+    bundle, model, model_cfg, device = open_query_model(
+        bundle_dir, checkpoint, device_name, faiss_device
+    )
     if k > bundle.live_count:
         reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
     # Queries are found among the indexed items only when that is asked for.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -125,19 +125,20 @@ def search(
     for start in range(0, nq, max(1, batch_size)):
         stop = min(start + max(1, batch_size), nq)
         scores[start:stop], ids[start:stop] = _search_live(
-            index, xq[start:stop], own[start:stop], width, fetch, dead
+            bundle, xq[start:stop], own[start:stop], width, fetch, dead
         )
     return scores, ids
 
 
 def _search_live(
-    index: Any, xq: np.ndarray, own: np.ndarray, width: int, fetch: int, dead: np.ndarray
+    bundle: Bundle, xq: np.ndarray, own: np.ndarray, width: int, fetch: int, dead: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """`width` hits per row that are neither deleted nor the row's own id; rows left short by
     deleted hits are searched again, twice as deep each time, up to the whole index."""
+    index = bundle.index
 
     def live_hits(rows: np.ndarray | slice, depth: int) -> tuple[np.ndarray, np.ndarray]:
-        found_scores, found_ids = index.search(xq[rows], depth)
+        found_scores, found_ids = bundle.searcher(depth).search(xq[rows], depth)
         if len(dead):
             found_ids[in_sorted(found_ids, dead)] = -1
         return exclude_by_id(found_scores, found_ids, own[rows], width)

@@ -28,9 +28,11 @@ from pactl.config import IndexConfig, ModelConfig, problems
 from pactl.console import QUIET
 from pactl.embed import GpuJpegDecoder, embed_files, gpu_decoding, loader_for
 from pactl.errors import PactlError
-from pactl.index import build
+from pactl.index import build, delete_items, load_bundle, save_bundle
+from pactl.index import bundle as bundle_module
 from pactl.index.build import build_index, faiss_gpus
 from pactl.model import build_model
+from pactl.search import search
 
 CPU = torch.device("cpu")
 
@@ -161,6 +163,108 @@ def test_flat_searches_exactly_on_gpus_with_the_cpu_results(
     scores = x[:20].astype(np.float64) @ x.astype(np.float64).T
     truth = np.argsort(-scores, axis=1, kind="stable")[:, :5]
     assert np.array_equal(build.gpu_searcher(on_gpu, 1).search(x[:20], 5)[1], truth)
+
+
+# ------------------------------------------------------------------------ searching at queries
+
+
+class CountingCopy:
+    """A "GPU copy" of an index that answers with the index and counts what it was asked."""
+
+    def __init__(self, index: Any) -> None:
+        self.index, self.depths = index, []
+
+    def search(self, x: np.ndarray, k: int) -> Any:
+        self.depths.append(k)
+        return self.index.search(x, k)
+
+
+def flat_bundle(tmp_path: Path, x: np.ndarray, factory: str = "Flat") -> Path:
+    index, record = make(x, factory, "cpu")
+    rows = [(i, f"/photos/{i}.png", f"c{i % 3}") for i in range(len(x))]
+    save_bundle(tmp_path / "b", index, rows, {"fingerprint": "f" * 64, **record})
+    return tmp_path / "b"
+
+
+def test_a_flat_bundle_searches_on_the_gpus_and_deep_searches_on_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x = unit_rows(300, 8, 5)
+    bundle_dir = flat_bundle(tmp_path, x)
+    dead = np.arange(0, 300, 2)  # every other item deleted: rows need deeper searches
+    delete_items(bundle_dir, ids=dead.tolist())
+    on_cpu = load_bundle(bundle_dir)
+    want = {k: search(on_cpu, x[:30], k) for k in (10, 20)}  # the CPU's answers
+
+    copies: list[CountingCopy] = []
+    gpus = FakeGpus(monkeypatch, 1)
+    monkeypatch.setattr(
+        faiss, "index_cpu_to_all_gpus", lambda i: copies.append(CountingCopy(i)) or copies[-1]
+    )
+    monkeypatch.setattr(bundle_module, "GPU_MAX_K", 24)  # what the GPU selects, scaled down
+    bundle = load_bundle(bundle_dir, faiss_device="auto")
+    assert len(copies) == 1 and bundle.gpu_index is copies[0]
+    for k in (10, 20):
+        scores, ids = search(bundle, x[:30], k)
+        np.testing.assert_array_equal(ids, want[k][1])
+        np.testing.assert_array_equal(scores, want[k][0])
+        assert not np.isin(ids, dead).any() and (ids >= 0).all()
+    # k=10 asks for 20 (10 more for tombstones) on the copy; rows left short go 40 deep,
+    # past what the GPU selects, on the CPU; so does all of k=20 (40 from the start)
+    assert copies[0].depths == [20] and gpus.knn_calls == 0
+    truth = np.argsort(-(x[:5].astype(np.float64) @ x.T.astype(np.float64)), axis=1)
+    live_truth = [[int(i) for i in row if i % 2][:4] for row in truth]
+    assert search(bundle, x[:5], 4)[1].tolist() == live_truth
+
+
+@pytest.mark.parametrize(
+    ("factory", "device", "count"),
+    [("IVF8,Flat", "auto", 1), ("Flat", "cpu", 1), ("Flat", "auto", 0)],
+)
+def test_only_a_flat_index_on_a_machine_with_gpus_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, device: str, count: int
+) -> None:
+    bundle_dir = flat_bundle(tmp_path, unit_rows(400, 8, 6), factory)
+    gpus = FakeGpus(monkeypatch, count)
+    bundle = load_bundle(bundle_dir, faiss_device=device)
+    assert bundle.gpu_index is None and gpus.cloned == []
+    assert bundle.searcher(10) is bundle.index
+
+
+def test_a_flat_index_the_gpu_cloner_refuses_searches_on_the_cpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle_dir = flat_bundle(tmp_path, unit_rows(100, 8, 7))
+    FakeGpus(monkeypatch, 2)
+
+    def refuse(index: Any) -> Any:
+        raise RuntimeError("Error in virtual Index *faiss::Cloner::clone_Index: unsupported")
+
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", refuse)
+    bundle = load_bundle(bundle_dir, faiss_device="gpu")
+    assert bundle.gpu_index is None and bundle.searcher(1) is bundle.index
+
+
+def test_cli_query_faiss_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = make_class_folder(tmp_path / "imgs", classes=2, per_class=3)
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(["index", str(folder), *SMALL, "--out", "b", "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    query = str(next(folder.rglob("*.png")))
+    on_cpu = ["query", query, "--index", "b", "--format", "csv", "--faiss-device", "cpu"]
+    code, cpu_out, err = run_cli(on_cpu, monkeypatch, capsys)
+    assert code == 0 and cpu_out.count("\n") == 5, err
+    code, out, err = run_cli(on_cpu[:-1] + ["gpu"], monkeypatch, capsys)
+    assert (code, out) == (1, "") and "sees no GPU" in err and "pactl[gpu]" in err
+    assert len(err.strip().splitlines()) == 1
+    gpus = FakeGpus(monkeypatch, 1)  # a machine with a GPU: the same rows, searched on the copy
+    code, out, err = run_cli(on_cpu[:-1] + ["auto"], monkeypatch, capsys)
+    assert (code, out) == (0, cpu_out) and gpus.kinds() == ["IndexIDMap2"], err
+    remote = ["query", query, "--server", "http://127.0.0.1:9", "--faiss-device", "cpu"]
+    code, _, err = run_cli(remote, monkeypatch, capsys)
+    assert code == 2 and "drop --faiss-device" in err
 
 
 # ---------------------------------------------------------------------------- JPEG decoding

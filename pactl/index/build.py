@@ -29,6 +29,7 @@ NORM_TOLERANCE = 1e-2  # |norm - 1| allowed before vectors are taken as not L2-n
 
 Part = tuple[np.ndarray, np.ndarray]  # one shard: (n_i, d) float32 vectors (memory-mapped), ids
 FAISS_DEVICES = ("auto", "cpu", "gpu")  # auto: the GPUs when this FAISS has any, else the CPU
+GPU_MAX_K = 2048  # the most hits a FAISS GPU search selects per query (GPU_MAX_SELECTION_K)
 GPU_INSTALL = "pip install 'pactl[gpu]' (see docs/cli.md, pactl index --faiss-device)"
 
 

@@ -31,7 +31,15 @@ from pactl.fsutil import (
     remove_stale,
     writer_lock,
 )
-from pactl.index.build import ADD_BATCH, _as_matrix, _why, add_vectors
+from pactl.index.build import (
+    ADD_BATCH,
+    GPU_MAX_K,
+    _as_matrix,
+    _why,
+    add_vectors,
+    faiss_gpus,
+    gpu_searcher,
+)
 from pactl.index.items import TABLE_FILE, ItemTable
 from pactl.index.ondisk import (
     IVFDATA_FILE,
@@ -62,6 +70,15 @@ class Bundle:
     mmapped: bool = False  # the index reads its codes from index.faiss (or .ivfdata) in place
     # ids still in the index and items.csv but deleted (tombstones), sorted; searches skip them
     deleted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    # a copy of a Flat index on the GPUs (load_bundle's faiss_device); None: search `index`
+    gpu_index: Any = None
+
+    def searcher(self, depth: int) -> Any:
+        """What answers a search for `depth` hits a query: the GPU copy, up to the most hits a
+        GPU search selects, else the index itself."""
+        if self.gpu_index is not None and depth <= GPU_MAX_K:
+            return self.gpu_index
+        return self.index
 
     @property
     def live_count(self) -> int:
@@ -440,16 +457,25 @@ def _ondisk_without(index: Any, dead: np.ndarray, gen: Path) -> Any:
     return packed
 
 
-def load_bundle(path: Path, mmap: bool = True) -> Bundle:
+def load_bundle(path: Path, mmap: bool = True, faiss_device: str = "cpu") -> Bundle:
     """Open a bundle's current generation, checking it is whole and consistent; sets the tuned
     search parameters.
 
     With `mmap`, index kinds that FAISS can map (IVF lists, flat codes) read their vectors from
     the file through the page cache instead of copying them into memory. An on-disk bundle
     (index.ivfdata) is always read that way, whatever `mmap` says.
+
+    `faiss_device` (auto, cpu, gpu) is where searches run: on the GPUs FAISS has, a Flat
+    index is copied there (Bundle.gpu_index); other kinds search on the CPU with their tuned
+    parameters.
     """
     check_folder(path)
-    return read_current(path, lambda gen: _load_generation(path, gen, mmap))
+    gpus = faiss_gpus(faiss_device)
+    bundle = read_current(path, lambda gen: _load_generation(path, gen, mmap))
+    if gpus:
+        searcher = gpu_searcher(bundle.index, gpus)
+        bundle.gpu_index = searcher if searcher is not bundle.index else None
+    return bundle
 
 
 def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:

@@ -19,6 +19,7 @@ class ServeConfig:
     port: int = 8000
     token: str | None = None  # every data request must carry `Authorization: Bearer TOKEN`
     device: str = "auto"
+    faiss_device: str = "auto"  # where searches run: a Flat index on the GPUs FAISS has, or CPU
     allow_roots: tuple[Path, ...] = ()  # folders whose images POST /query?path=... may read
     upload_dir: Path | None = None  # where POST /add stores images (default BUNDLE/uploads)
     max_upload_bytes: int = 20 * 1024 * 1024  # one request's body, uploads included

@@ -90,7 +90,7 @@ class Engine:
 
         generation = generation_of(self.config.bundle)
         bundle, model, model_cfg, device = open_query_model(
-            self.config.bundle, None, self.config.device
+            self.config.bundle, None, self.config.device, self.config.faiss_device
         )
         self.model, self.model_cfg, self.device = model.eval(), model_cfg, device
         self.snapshot = Snapshot(generation, bundle)
@@ -108,7 +108,7 @@ class Engine:
     def _reload(self, generation: str | None) -> None:
         from pactl.index import load_bundle
 
-        bundle = load_bundle(self.config.bundle)
+        bundle = load_bundle(self.config.bundle, faiss_device=self.config.faiss_device)
         if bundle.meta.get("fingerprint") != self.snapshot.bundle.meta.get("fingerprint"):
             self._load_model_and_bundle()  # rebuilt with another network: load that one
         else:
