@@ -312,6 +312,37 @@ def faiss_gpu_vs_cpu(device: torch.device, quick: bool) -> None:
                 f"search 1,000 queries {searched * 1e3:.0f} ms, R@10 {recall:.3f}",
                 "ok" if recall >= 0.9 else "CHECK",
             )
+    if gpus:
+        bundle_on_gpu(made[: 20_000 if quick else 100_000], queries)
+
+
+def bundle_on_gpu(vectors: np.ndarray, queries: np.ndarray) -> None:
+    """What `pactl query --faiss-device gpu` does: a Flat bundle with tombstones loaded onto
+    the GPUs answers as the CPU does (k within and past what a GPU search selects)."""
+    from pactl.index import build_index, delete_items, load_bundle, save_bundle
+    from pactl.search import search
+
+    with tempfile.TemporaryDirectory() as tmp:
+        index, record = build_index(vectors, IndexConfig(factory="Flat", faiss_device="cpu"), QUIET)
+        rows = [(i, f"/v/{i}", "") for i in range(len(vectors))]
+        save_bundle(Path(tmp) / "b", index, rows, {"fingerprint": "f" * 64, **record})
+        delete_items(Path(tmp) / "b", ids=list(range(0, len(vectors), 3)))
+        on_cpu = load_bundle(Path(tmp) / "b", faiss_device="cpu")
+        on_gpu = load_bundle(Path(tmp) / "b", faiss_device="gpu")
+        for k in (10, 3000):
+            start = time.perf_counter()
+            cpu_ids = search(on_cpu, queries, k)[1]
+            cpu_s = time.perf_counter() - start
+            start = time.perf_counter()
+            gpu_ids = search(on_gpu, queries, k)[1]
+            gpu_s = time.perf_counter() - start
+            same = float(np.mean(cpu_ids == gpu_ids))
+            row(
+                f"query search on a Flat bundle, GPU copy {on_gpu.gpu_index is not None}, k={k}",
+                f"{cpu_s / gpu_s:.1f}x CPU ({gpu_s * 1e3:.0f} vs {cpu_s * 1e3:.0f} ms)",
+                f"{len(queries):,} queries, ids equal {same:.4f}",
+                "ok" if same >= 0.999 else "CHECK",
+            )
 
 
 def compile_on_cuda(device: torch.device, quick: bool, repeats: int) -> None:
