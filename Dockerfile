@@ -54,7 +54,9 @@ RUN mkdir pactl && echo '__version__ = "0"' > pactl/__init__.py \
  && python -m pip install --no-deps --force-reinstall "faiss-gpu-cu12>=1.11" \
  && python -m pip uninstall -y pactl && rm -r pactl
 COPY pactl ./pactl
+# Ubuntu 24.04 images hold a user `ubuntu` with uid 1000, which would make useradd fail.
 RUN python -m pip install --no-deps . \
+ && if id -u 1000 >/dev/null 2>&1; then userdel --remove "$(id -nu 1000)"; fi \
  && useradd --create-home --uid 1000 pactl \
  && mkdir -p /data /work /cache && chown pactl:pactl /work /cache && chmod 0777 /work /cache
 VOLUME ["/cache"]

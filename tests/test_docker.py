@@ -59,3 +59,11 @@ def test_each_image_installs_dependencies_before_the_code_and_runs_as_a_user(sta
     assert user.split()[1].split(":")[0] not in ("0", "root")
     assert steps.index(user) < next(i for i, s in enumerate(steps) if s.startswith("ENTRYPOINT"))
     assert 'ENTRYPOINT ["pactl"]' in steps
+
+
+def test_the_cuda_image_frees_uid_1000_before_taking_it() -> None:
+    """PyTorch's images are Ubuntu 24.04, which holds a user `ubuntu` with uid 1000: a plain
+    useradd --uid 1000 fails the build."""
+    run = next(s for s in stages()["cuda"] if "useradd" in s)
+    assert "--uid 1000" in run and 'userdel --remove "$(id -nu 1000)"' in run
+    assert run.index("userdel") < run.index("useradd")
