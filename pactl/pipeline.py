@@ -146,7 +146,7 @@ def index_vectors(
     Shards are joined in memory, or, with on-disk merging (config.on_disk), indexed one at a time
     into an IVF whose lists go to index.ivfdata. A rebuild of a bundle that has items deleted
     keeps them deleted (by path): they are tombstones again in the new bundle, so a later
-    rebuild still knows them, until `pactl index BUNDLE --compact` removes them for good.
+    rebuild still knows them, and the items a compaction removed stay listed as removed.
     """
     from pactl.fsutil import new_generation
     from pactl.index import (
@@ -166,10 +166,10 @@ def index_vectors(
     check_apart(vectors_dir, out)
     dim = int(parts[0][0].shape[1])
     try:
-        gone = deleted_paths(out)
+        gone, removed = deleted_paths(out)
     except PactlError as e:  # the bundle being replaced is damaged: nothing of it is kept
         reporter.warn(f"{e}; rebuilding it without its deletions")
-        gone = set()
+        gone, removed = set(), None
     dead = None
     with new_generation(out, BUNDLE_FILES) as gen:
         if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
@@ -191,7 +191,7 @@ def index_vectors(
             "vectors": str(vectors_dir.resolve()),
             **tuning,
         }
-        write_bundle(gen, index, items, bundle_meta, deleted=dead)
+        write_bundle(gen, index, items, bundle_meta, deleted=dead, removed=removed)
     bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
 
@@ -324,15 +324,21 @@ def _to_embed(
     """The (file, label) pairs an --add embeds: those the bundle lacks, and those whose size or
     mtime_ns differs from what it recorded (unknown in older bundles: taken as unchanged); for
     the changed ones, their path -> the id of the live item they replace; and how many files
-    were left out because they were deleted from the bundle and are unchanged since (a sweep
+    were left out because they were deleted from the bundle (or compacted away) and are
+    unchanged since (a sweep
     of the source folder does not bring back what was deleted; a changed file is new content
     and is added). Files gone from the source stay in the bundle."""
-    items = bundle.items
+    items, removed = bundle.items, bundle.removed
     dead = bundle.is_deleted(items.ids).tolist()
     known: dict[str, int] = {}
-    deleted: dict[str, int] = {}
+    # path -> (size, mtime_ns) of a deleted item: compacted away, or a tombstone (newer)
+    stats = zip(removed.sizes.tolist(), removed.mtimes.tolist(), strict=True)
+    deleted = dict(zip(removed.paths, stats, strict=True))
     for at, (p, d) in enumerate(zip(items.paths, dead, strict=True)):
-        (deleted if d else known)[p] = at
+        if d:
+            deleted[p] = (int(items.sizes[at]), int(items.mtimes[at]))
+        else:
+            known[p] = at
     new: list[tuple[Path, str]] = []
     changed: dict[str, int] = {}
     kept_out = 0
@@ -340,7 +346,7 @@ def _to_embed(
         key = os.path.abspath(f)
         row, gone = known.get(key), deleted.get(key)
         if row is None and gone is not None:
-            if _changed(f, int(items.sizes[gone]), int(items.mtimes[gone])):
+            if _changed(f, *gone):
                 new.append((f, label))
             else:
                 kept_out += 1

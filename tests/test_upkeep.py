@@ -28,12 +28,14 @@ from pactl.index import (
     DELETED_FILE,
     INDEX_FILE,
     ITEMS_FILE,
+    REMOVED_FILE,
     add_to_bundle,
     build_index,
     build_ondisk_index,
     bundle_count,
     compact_bundle,
     delete_items,
+    deleted_paths,
     load_bundle,
     save_bundle,
     write_bundle,
@@ -316,6 +318,34 @@ def test_a_bundle_with_tombstones_is_one_an_older_pactl_refuses(tmp_path: Path, 
     assert version() == 1
 
 
+def test_the_items_compacted_away_are_carried_through_every_write(
+    tmp_path: Path, data: Any
+) -> None:
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
+    delete_items(bundle_dir, ids=[3, 7])
+    compact_bundle(bundle_dir)
+    assert (bundle_dir / REMOVED_FILE).is_file()
+    delete_items(bundle_dir, ids=[11])  # a delete links it into the new generation
+    assert load_bundle(bundle_dir).removed.ids.tolist() == [3, 7]
+    new = unit(np.random.default_rng(4).standard_normal((1, DIM))).astype(np.float32)
+    add_to_bundle(bundle_dir, new, rows(1, start=N), {"fingerprint": FINGERPRINT})
+    removed = load_bundle(bundle_dir).removed  # an add writes it again
+    assert removed.ids.tolist() == [3, 7] and removed.paths.tolist() == [
+        "/photos/3.png",
+        "/photos/7.png",
+    ]
+    compact_bundle(bundle_dir)  # a second compaction adds its own
+    bundle = load_bundle(bundle_dir)
+    assert bundle.removed.ids.tolist() == [3, 7, 11] and bundle.live_count == N - 2
+    assert deleted_paths(bundle_dir)[0] == {f"/photos/{i}.png" for i in (3, 7, 11)}
+    # removed.bin is one of the generation's files: one cut short is refused, not half-read
+    with open(bundle_dir / REMOVED_FILE, "r+b") as f:
+        f.truncate(40)
+    with pytest.raises(PactlError, match="removed.bin is truncated or corrupt"):
+        load_bundle(bundle_dir)
+
+
 def test_ids_removed_by_a_compaction_are_never_given_again(tmp_path: Path, data: Any) -> None:
     base, _ = data
     bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
@@ -559,12 +589,29 @@ def test_a_rebuild_keeps_deleted_images_deleted(
         _, ids = search(bundle, np.asarray(vectors), len(paths))  # every image, every item
         found = {int(i) for i in ids.ravel() if i >= 0}
         assert found == {int(i) for i, p in zip(vec_items.ids, paths, strict=True) if p in live}
-    # --compact removes them for good: the bundle forgets them, and a rebuild from a vectors
-    # folder that still holds those images has them again (docs/cli.md says so).
+    # --compact removes them from the index; the bundle still lists them (removed.bin), so a
+    # rebuild from a vectors folder that holds those images keeps them deleted, and so does
+    # an --add of the images, until a file changes.
+    for _ in range(2):
+        assert compact_bundle(bundle_dir)["removed"] == 2
+        bundle = load_bundle(bundle_dir)
+        assert bundle.items.paths.tolist() == [p for i, p in enumerate(paths) if i not in (0, 5)]
+        assert bundle.removed.paths.tolist() == [paths[0], paths[5]]  # once each, however often
+        code, _, err = run_cli(["index", str(vec), "--out", str(bundle_dir)], monkeypatch, capsys)
+        assert code == 0 and "2 images deleted from" in err, err
+        assert load_bundle(bundle_dir).live_count == len(paths) - 2
     compact_bundle(bundle_dir)
-    code, _, err = run_cli(["index", str(vec), "--out", str(bundle_dir)], monkeypatch, capsys)
-    assert code == 0 and "deleted from" not in err
-    assert load_bundle(bundle_dir).live_count == len(paths)
+    code, _, err = run_cli(["index", str(imgs), "--add", str(bundle_dir)], monkeypatch, capsys)
+    assert code == 0 and "2 images of" in err and "left out" in err, err
+    assert load_bundle(bundle_dir).live_count == len(paths) - 2
+    later = os.stat(paths[5]).st_mtime_ns + 10**9
+    os.utime(paths[5], ns=(later, later))  # touched: new content, added again
+    code, _, err = run_cli(["index", str(imgs), "--add", str(bundle_dir)], monkeypatch, capsys)
+    assert code == 0 and "1 images of" in err, err
+    bundle = load_bundle(bundle_dir)
+    assert bundle.live_count == len(paths) - 1 and paths[5] in bundle.items.paths.tolist()
+    gone, removed = deleted_paths(bundle_dir)
+    assert gone == {paths[0]} and removed.paths.tolist() == [paths[0], paths[5]]
     other = tmp_path / "other"  # a new folder knows nothing of the deletions
     assert run_cli(["index", str(vec), "--out", str(other)], monkeypatch, capsys)[0] == 0
     assert load_bundle(other).items.paths.tolist() == paths

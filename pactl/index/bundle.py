@@ -57,7 +57,17 @@ TOMBSTONES_VERSION = 2  # a pactl that reads only version 1 would return deleted
 VECTORS_FORMAT = "pactl.vectors"
 INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
 DELETED_FILE = "deleted.npy"  # int64 ids of deleted items (tombstones), sorted; absent when none
-BUNDLE_FILES = (INDEX_FILE, ITEMS_FILE, TABLE_FILE, META_FILE, IVFDATA_FILE, DELETED_FILE)
+# items compacted away (the items.bin format): a rebuild or an --add leaves them out still
+REMOVED_FILE = "removed.bin"
+BUNDLE_FILES = (
+    INDEX_FILE,
+    ITEMS_FILE,
+    TABLE_FILE,
+    META_FILE,
+    IVFDATA_FILE,
+    DELETED_FILE,
+    REMOVED_FILE,
+)
 MAX_SEARCH_SETTING = 10_000_000  # nprobe / efSearch beyond this is a typo or a tampered file
 
 
@@ -72,6 +82,8 @@ class Bundle:
     deleted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     # a copy of a Flat index on the GPUs (load_bundle's faiss_device); None: search `index`
     gpu_index: Any = None
+    # the items compacted away (removed.bin): no longer searched or counted, but remembered
+    removed: ItemTable = field(default_factory=lambda: ItemTable.from_rows([]))
 
     def searcher(self, depth: int) -> Any:
         """What answers a search for `depth` hits a query: the GPU copy, up to the most hits a
@@ -118,6 +130,7 @@ def write_bundle(
     items_csv_source: Path | list[tuple[int, str, str]] | ItemTable,
     meta: dict[str, Any],
     deleted: np.ndarray | None = None,
+    removed: ItemTable | None = None,
 ) -> None:
     """Write a bundle's files into the fresh generation folder `gen`.
 
@@ -125,7 +138,8 @@ def write_bundle(
     record of build_index; format, version, dimension, count, the generation and the size of
     each file are set here from the index itself, so a loader can tell that the files belong
     together. An index with on-disk lists (build_ondisk_index) also gets index.ivfdata.
-    `deleted`: ids of items that stay in the index but are deleted (deleted.npy).
+    `deleted`: ids of items that stay in the index but are deleted (deleted.npy); `removed`:
+    the items compacted away so far (removed.bin), which stay deleted by path.
     """
     lists = _ondisk_lists(index)
     items = (
@@ -145,6 +159,8 @@ def write_bundle(
     else:
         items.write(gen / ITEMS_FILE)
     items.save(gen / TABLE_FILE)  # what load_bundle maps; items.csv is the export
+    if removed is not None and len(removed):
+        removed.save(gen / REMOVED_FILE)
     metric = "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else "l2"
     _write_meta(gen, meta, int(index.d), metric, items, deleted)
 
@@ -260,7 +276,8 @@ def add_to_bundle(
             else:
                 add_vectors(index, x, new.ids, reporter or QUIET)
             dead = np.union1d(bundle.deleted, gone)
-            write_bundle(gen, index, bundle.items.concat(new), bundle.meta, dead)
+            items = bundle.items.concat(new)
+            write_bundle(gen, index, items, bundle.meta, dead, bundle.removed)
 
 
 def _check_same_model(bundle: Bundle, bundle_dir: Path, dim: int, meta: dict[str, Any]) -> None:
@@ -308,7 +325,7 @@ def delete_items(
             (reporter or QUIET).log("nothing to delete: those items were deleted already")
             return 0
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
-            for name in (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE):
+            for name in (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE, REMOVED_FILE):
                 if (gen_now / name).is_file():
                     _link_or_copy(gen_now / name, gen / name)
             metric = meta.get("metric", "ip")
@@ -375,6 +392,7 @@ def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[s
             return {"removed": 0, "count": bundle.live_count, "method": "none"}
         keep = ~bundle.is_deleted(bundle.items.ids)
         items = bundle.items.take(np.flatnonzero(keep))
+        removed = _remembered(bundle.removed, bundle.items.take(np.flatnonzero(~keep)))
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
             index, method = _without(bundle.index, dead, items.ids, gen, log)
             if index.ntotal != len(items):
@@ -382,9 +400,17 @@ def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[s
                     f"compacting {bundle_dir} left {index.ntotal} vectors for {len(items)} items:"
                     " rebuild it from the vectors folder with `pactl index VECTORS`"
                 )
-            write_bundle(gen, index, items, bundle.meta)
+            write_bundle(gen, index, items, bundle.meta, removed=removed)
         log.log(f"removed {len(dead)} deleted items from {bundle_dir} ({method})")
         return {"removed": len(dead), "count": len(items), "method": method}
+
+
+def _remembered(before: ItemTable, now: ItemTable) -> ItemTable:
+    """The removed items after a compaction: those removed before, less the paths removed
+    again now (their newer row wins), then those removed now."""
+    again = set(now.paths.tolist())
+    older = np.fromiter((p not in again for p in before.paths), dtype=bool, count=len(before))
+    return ItemTable.join([before.take(older), now])
 
 
 def _without(
@@ -499,7 +525,8 @@ def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
             space.set_index_parameters(index, params)
         except RuntimeError as e:
             raise PactlError(f"bundle {path}: search_params {params!r}: {_why(e)}") from e
-    return Bundle(path, index, items, meta, mmapped=flag != 0, deleted=deleted)
+    removed = _read_removed(gen, meta)
+    return Bundle(path, index, items, meta, flag != 0, deleted, removed=removed)
 
 
 def _read_tables(path: Path, gen: Path) -> tuple[dict[str, Any], ItemTable, np.ndarray]:
@@ -515,6 +542,14 @@ def _read_tables(path: Path, gen: Path) -> tuple[dict[str, Any], ItemTable, np.n
     lean = TABLE_FILE in (meta.get("files") or {})
     items = ItemTable.open(gen / TABLE_FILE) if lean else ItemTable.read(gen / ITEMS_FILE)
     return meta, items, _read_deleted(path, gen, meta, items)
+
+
+def _read_removed(gen: Path, meta: dict[str, Any]) -> ItemTable:
+    """The items compacted away from a generation (removed.bin, whose size check_files has
+    checked against meta.json); none in bundles without it."""
+    if REMOVED_FILE not in (meta.get("files") or {}):
+        return ItemTable.from_rows([])
+    return ItemTable.open(gen / REMOVED_FILE)
 
 
 def _check_count(path: Path, meta: dict[str, Any], items: ItemTable, deleted: np.ndarray) -> None:
@@ -553,22 +588,21 @@ def _read_deleted(path: Path, gen: Path, meta: dict[str, Any], items: ItemTable)
     return dead
 
 
-def deleted_paths(path: Path) -> set[str]:
-    """The paths of the items deleted from the bundle at `path` that are not in it under a new
-    id (a changed file replaced by --add is live again): what a rebuild of the same folder
-    leaves out. Empty when `path` is no bundle yet or holds no tombstones; PactlError when it
-    is a bundle that cannot be read."""
+def deleted_paths(path: Path) -> tuple[set[str], ItemTable]:
+    """What a rebuild of the bundle at `path` keeps deleted: the paths of its deleted and its
+    compacted-away items that are not in it under a new id (a changed file replaced by --add
+    is live again), and the table of the compacted-away ones, to carry over. Nothing when
+    `path` is no bundle yet; PactlError when it is a bundle that cannot be read."""
     if not (path / META_FILE).exists():
-        return set()
+        return set(), ItemTable.from_rows([])
 
-    def read(gen: Path) -> set[str]:
-        _, items, deleted = _read_tables(path, gen)
-        if not len(deleted):
-            return set()
-        dead = in_sorted(items.ids, deleted)
+    def read(gen: Path) -> tuple[set[str], ItemTable]:
+        meta, items, deleted = _read_tables(path, gen)
+        removed = _read_removed(gen, meta)
+        dead = in_sorted(items.ids, deleted).tolist()
         paths = items.paths.tolist()
-        gone = {p for p, d in zip(paths, dead.tolist(), strict=True) if d}
-        return gone - {p for p, d in zip(paths, dead.tolist(), strict=True) if not d}
+        gone = {p for p, d in zip(paths, dead, strict=True) if d} | set(removed.paths.tolist())
+        return gone - {p for p, d in zip(paths, dead, strict=True) if not d}, removed
 
     return read_current(path, read)
 
