@@ -33,7 +33,7 @@ from pactl.config import (
     override,
     preset_for,
 )
-from pactl.console import Reporter, err, literal, out
+from pactl.console import Reporter, counted, err, literal, out
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
 
@@ -711,7 +711,9 @@ def embed(
     with to_stdout():
         out.print(literal(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}"))
     if meta["skipped"]:
-        log.warn(f"{meta['skipped']} unreadable images skipped: see {out_dir / 'skipped.csv'}")
+        log.warn(
+            f"{counted(meta['skipped'], 'unreadable image')} skipped: see {out_dir / 'skipped.csv'}"
+        )
 
 
 @app.command(short_help="Build a FAISS index bundle from vectors or images.")
@@ -839,11 +841,11 @@ def index(
         if source is None:
             raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
         done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
-        replaced = f" and replaced {done['replaced']} changed ones" if done["replaced"] else ""
+        replaced = done["replaced"]
+        also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
+        added = counted(done["added"], "item")
         with to_stdout():
-            out.print(
-                literal(f"added {done['added']} items{replaced} to {add} ({done['count']} in all)")
-            )
+            out.print(literal(f"added {added}{also} to {add} ({done['count']} in all)"))
         return
     if source is None:
         bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log, follow_links)
@@ -870,7 +872,7 @@ def index(
         )
     with to_stdout():
         factory = meta.get("factory", "?")
-        out.print(literal(f"indexed {meta['count']} items ({factory}) in {bundle}"))
+        out.print(literal(f"indexed {counted(meta['count'], 'item')} ({factory}) in {bundle}"))
 
 
 def keep_bundle(
@@ -891,11 +893,14 @@ def keep_bundle(
     lines = []
     if names:
         n = delete_items(Path(bundle), ids, paths, log)
-        lines.append(f"deleted {n} items from {bundle} ({bundle_count(Path(bundle))} left)")
+        lines.append(
+            f"deleted {counted(n, 'item')} from {bundle} ({bundle_count(Path(bundle))} left)"
+        )
     if compact:
         done = compact_bundle(Path(bundle), log)
         lines.append(
-            f"compacted {bundle}: removed {done['removed']} deleted items ({done['count']} in all)"
+            f"compacted {bundle}: removed {counted(done['removed'], 'deleted item')} "
+            f"({done['count']} in all)"
         )
     with to_stdout():
         for line in lines:
@@ -1009,7 +1014,7 @@ def query(
             chunks, HitWriter(out, sys.stdout, chosen, paths_only, null), strict, None
         )
         if skipped:
-            log.warn(f"{skipped} unreadable query images skipped")
+            log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
         return
     bundle = index_dir or pipeline.find_bundle(runs_dir())
     if index_dir is None:
@@ -1036,7 +1041,7 @@ def query(
             retrieval_grid(pictured, grid)
         log.log(f"wrote {grid}")
     if skipped:
-        log.warn(f"{skipped} unreadable query images skipped")
+        log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
 
 
 # Skipped queries held back while none has been answered: past this many they are shown.

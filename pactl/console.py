@@ -201,6 +201,11 @@ def _items(n: int) -> str:
     return f"{n:,}"
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and the noun in the number it takes: "1 item", "2,048 items"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def _bytes(n: int) -> str:
     """Decimal units, as the terminal's download bar shows them."""
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):

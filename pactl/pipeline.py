@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pactl.config import IndexConfig, ModelConfig, Preset, read_config
-from pactl.console import Reporter
+from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ def index_vectors(
             )
         if gone:
             dead = items.ids[_named(items, gone)]
-            reporter.log(f"{len(dead):,} images deleted from {out} stay deleted")
+            reporter.log(f"keeping {counted(len(dead), 'deleted image')} of {out} deleted")
         bundle_meta = {
             **{k: meta[k] for k in ("dimension", "count", "metric", "checkpoint", "fingerprint")},
             "checkpoint_relative": _relative(meta.get("checkpoint"), out),
@@ -277,14 +277,14 @@ def _add_locked(
     new, changed, kept_out = _to_embed(files, labels, bundle)
     if kept_out:
         reporter.log(
-            f"{kept_out} images of {source} were deleted from {bundle_dir} and are unchanged "
+            f"{counted(kept_out, 'image')} of {source} deleted from {bundle_dir} and unchanged "
             "since: left out (a changed file, e.g. touched, is added again)"
         )
     if not new:
         reporter.log(f"every image of {source} is already in {bundle_dir}, unchanged")
         return {"added": 0, "replaced": 0, "count": bundle.live_count}
     if changed:
-        reporter.log(f"{len(changed)} images changed since they were indexed: replacing them")
+        reporter.log(f"replacing {counted(len(changed), 'image')} changed since they were indexed")
     scratch = bundle_dir / ".add"
     first = bundle.next_id
     ids = np.arange(first, first + len(new), dtype=np.int64)

@@ -67,7 +67,7 @@ def test_a_skipped_query_is_one_literal_line_naming_the_path_once(
     shown = "printer[red]copy\\x1b[31m:thumbs_up:.png"
     assert lines(err) == [
         f"skipped query {shown}: not an image (or a format PIL cannot read)",
-        "warning: 1 unreadable query images skipped",
+        "warning: 1 unreadable query image skipped",
     ]
 
 
@@ -171,7 +171,7 @@ def test_a_partly_unreadable_query_list_answers_the_rest(
     assert {row["query"] for row in read_rows(out)} == {good}
     assert lines(err) == [
         "skipped query gone.png: file not found",
-        "warning: 1 unreadable query images skipped",
+        "warning: 1 unreadable query image skipped",
     ]
     code, out, err = run_cli([*args, "--strict"], monkeypatch, capsys)
     assert code == 1 and out == ""

@@ -163,7 +163,7 @@ def test_embed_then_index_a_plain_folder(
         capsys,
     )
     assert code == 0, err
-    assert "1 unreadable images skipped" in err
+    assert "1 unreadable image skipped" in err
     vectors = np.load(tmp_path / "vec" / "vectors.npy")
     assert vectors.shape == (30, 16) and vectors.dtype == np.float32
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)

@@ -511,7 +511,7 @@ def test_add_replaces_the_vector_of_a_changed_file(
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
     code, out, err = run_cli(["index", str(imgs), "--add", str(b)], monkeypatch, capsys)
     assert code == 0, err
-    assert out == f"added 0 items and replaced 1 changed ones to {b} (6 in all)\n"
+    assert out == f"added 0 items and replaced 1 changed one to {b} (6 in all)\n"
     after = load_bundle(b)
     new_id = int(PathIndex(after.items).ids([str(target)])[0])
     assert new_id == before.items.max_id() + 1
@@ -528,7 +528,7 @@ def test_add_replaces_the_vector_of_a_changed_file(
     # A sweep of the folder after a delete leaves the deleted image out while it is unchanged.
     assert run_cli(["index", str(b), "--delete", str(target)], monkeypatch, capsys)[0] == 0
     code, out, err = run_cli(["index", str(imgs), "--add", str(b)], monkeypatch, capsys)
-    assert out == f"added 0 items to {b} (5 in all)\n" and "1 images of" in err, err
+    assert out == f"added 0 items to {b} (5 in all)\n" and "1 image of" in err, err
     assert load_bundle(b).is_deleted(np.array([new_id]))[0]
 
 
@@ -579,7 +579,7 @@ def test_a_rebuild_keeps_deleted_images_deleted(
         args = ["index", str(vec), "--out", str(bundle_dir), "--on-disk", on_disk]
         args += [] if on_disk == "no" else ["--factory", "IVF2,Flat"]
         code, out, err = run_cli(args, monkeypatch, capsys)
-        assert code == 0 and "2 images deleted from" in err, err
+        assert code == 0 and "keeping 2 deleted images of" in err, err
         bundle = load_bundle(bundle_dir)
         dead = bundle.is_deleted(bundle.items.ids).tolist()
         live = [p for p, d in zip(bundle.items.paths.tolist(), dead, strict=True) if not d]
@@ -598,7 +598,7 @@ def test_a_rebuild_keeps_deleted_images_deleted(
         assert bundle.items.paths.tolist() == [p for i, p in enumerate(paths) if i not in (0, 5)]
         assert bundle.removed.paths.tolist() == [paths[0], paths[5]]  # once each, however often
         code, _, err = run_cli(["index", str(vec), "--out", str(bundle_dir)], monkeypatch, capsys)
-        assert code == 0 and "2 images deleted from" in err, err
+        assert code == 0 and "keeping 2 deleted images of" in err, err
         assert load_bundle(bundle_dir).live_count == len(paths) - 2
     compact_bundle(bundle_dir)
     code, _, err = run_cli(["index", str(imgs), "--add", str(bundle_dir)], monkeypatch, capsys)
@@ -607,7 +607,7 @@ def test_a_rebuild_keeps_deleted_images_deleted(
     later = os.stat(paths[5]).st_mtime_ns + 10**9
     os.utime(paths[5], ns=(later, later))  # touched: new content, added again
     code, _, err = run_cli(["index", str(imgs), "--add", str(bundle_dir)], monkeypatch, capsys)
-    assert code == 0 and "1 images of" in err, err
+    assert code == 0 and "1 image of" in err, err
     bundle = load_bundle(bundle_dir)
     assert bundle.live_count == len(paths) - 1 and paths[5] in bundle.items.paths.tolist()
     gone, removed = deleted_paths(bundle_dir)

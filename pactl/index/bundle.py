@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 
 from pactl import __version__, records
-from pactl.console import QUIET, Reporter
+from pactl.console import QUIET, Reporter, counted
 from pactl.errors import PactlError
 from pactl.fsutil import (
     _link_names,
@@ -330,7 +330,7 @@ def delete_items(
                     _link_or_copy(gen_now / name, gen / name)
             metric = meta.get("metric", "ip")
             _write_meta(gen, meta, meta["dimension"], metric, items, np.union1d(dead, fresh))
-        (reporter or QUIET).log(f"deleted {len(fresh)} items from {bundle_dir}")
+        (reporter or QUIET).log(f"deleted {counted(len(fresh), 'item')} from {bundle_dir}")
         return len(fresh)
 
 
@@ -401,7 +401,7 @@ def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[s
                     " rebuild it from the vectors folder with `pactl index VECTORS`"
                 )
             write_bundle(gen, index, items, bundle.meta, removed=removed)
-        log.log(f"removed {len(dead)} deleted items from {bundle_dir} ({method})")
+        log.log(f"removed {counted(len(dead), 'deleted item')} from {bundle_dir} ({method})")
         return {"removed": len(dead), "count": len(items), "method": method}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from pactl.console import Reporter
+from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 from pactl.serve.config import ServeConfig, check_config
 
@@ -38,7 +38,7 @@ def serve(config: ServeConfig, reporter: Reporter) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     items = engine.snapshot.bundle.live_count
-    reporter.log(f"serving {config.bundle} ({items:,} items) on http://{shown}:{port}/")
+    reporter.log(f"serving {config.bundle} ({counted(items, 'item')}) on http://{shown}:{port}/")
     server = uvicorn.Server(
         uvicorn.Config(
             app,
