@@ -89,6 +89,12 @@ class ImageError(PactlError):
         return f"{self.path}: {self.reason}"
 
 
+def reason_of(path: str | Path, message: str) -> str:
+    """The reason alone from an ImageError's line ('<path>: <reason>'), to show beside a name
+    given once."""
+    return message.removeprefix(f"{path}: ")
+
+
 # --------------------------------------------------------------------------- decoding
 
 

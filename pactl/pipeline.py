@@ -522,6 +522,7 @@ def query_chunks(
     from itertools import islice
 
     from pactl.embed import PREPARE_MIN_IMAGES, embed_files, inference_model
+    from pactl.images import reason_of
     from pactl.search import PathIndex, hits, search
 
     bundle, model, model_cfg, device = open_query_model(
@@ -540,14 +541,9 @@ def query_chunks(
         names = [str(batch[i]) for i in done.rows]
         own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
         scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
-        failed = [(str(batch[i]), _reason(str(batch[i]), why)) for i, why in done.failed]
+        failed = [(str(batch[i]), reason_of(batch[i], why)) for i, why in done.failed]
         labels = [_item_label(bundle, int(i)) for i in own]
         yield QueryChunk(names, hits(bundle, names, scores, ids), failed, labels)
-
-
-def _reason(name: str, message: str) -> str:
-    """An ImageError's message begins with the image's path: the reason alone, to show once."""
-    return message.removeprefix(f"{name}: ")
 
 
 def _item_label(bundle: Any, item_id: int) -> str | None:

@@ -150,14 +150,14 @@ class Engine:
         reasons: dict[int, str],
         vectors: np.ndarray,
     ) -> Answer:
+        from pactl.images import reason_of
         from pactl.search import hits, search
 
         answer = Answer()
         kept = [i for i, p in enumerate(positions) if p in row_of]
         for i, p in enumerate(positions):
             if p in reasons:
-                why = reasons[p].removeprefix(f"{job.files[i]}: ")
-                answer.skipped.append((job.names[i], why))
+                answer.skipped.append((job.names[i], reason_of(job.files[i], reasons[p])))
         if not kept:
             return answer
         names = [job.names[i] for i in kept]
