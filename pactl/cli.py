@@ -111,7 +111,9 @@ FollowLinks = Annotated[
         help="Follow links that lead out of the folder (default: skipped / refused).",
     ),
 ]
-Device = Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N.")]
+Device = Annotated[
+    str, typer.Option(help="auto (CUDA, then MPS, then CPU) | cpu | mps | cuda | cuda:N.")
+]
 Workers = Annotated[int, typer.Option(min=0, max=MAX_WORKERS, help="DataLoader worker processes.")]
 Backbone = Annotated[
     str | None,
