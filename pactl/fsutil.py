@@ -22,6 +22,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -38,7 +39,9 @@ CRASH_ENV = "PACTL_CRASH_AT"  # tests: SIGKILL this process at the Nth crash poi
 
 T = TypeVar("T")
 _crash_count = 0
-_held_locks: dict[str, list[int]] = {}  # folder -> [fd, depth]: the lock is re-entrant
+# (thread, folder) -> [fd, depth]: re-entrant within a thread; another thread of the same
+# process (a service's request) opens its own descriptor, which flock refuses like a process
+_held_locks: dict[tuple[int, str], list[int]] = {}
 
 
 def crash_point() -> None:
@@ -142,9 +145,10 @@ def writer_lock(folder: Path) -> Iterator[None]:
     """Hold `folder`'s writer lock: a second writer is refused at once, with one line.
 
     The lock is an flock on `folder/.pactl-lock`, released by the kernel if the holder dies.
-    Re-entrant within a process. Where flock does not exist (Windows), nothing is locked.
+    Re-entrant within a thread; other threads are refused as other processes are. Where flock
+    does not exist (Windows), nothing is locked.
     """
-    key = os.path.realpath(folder)
+    key = (threading.get_ident(), os.path.realpath(folder))
     held = _held_locks.get(key)
     if held is not None:
         held[1] += 1

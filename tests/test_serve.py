@@ -643,6 +643,43 @@ def test_a_write_while_another_writer_holds_the_bundle_is_409(served: Service) -
     assert sorted((served.bundle / "uploads").rglob("*")) == uploads  # no orphan upload kept
 
 
+def test_concurrent_writes_to_one_service_all_land(served: Service) -> None:
+    """Writes to one service arrive together (its requests are threads of one process): each
+    answered 200 is in the bundle afterwards, none is a 500, and the bundle reads whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pactl.index import load_bundle
+
+    data = served.images[5].read_bytes()
+    many = 12
+    with served.client() as client:
+        before = client.get("/health").json()["items"]
+
+    def add(n: int) -> Any:
+        with served.client() as client:
+            return client.post("/add", files=[("file", (f"c{n}.png", data, "image/png"))])
+
+    def delete(item: int) -> Any:
+        with served.client() as client:
+            return client.post("/delete", json={"ids": [item]})
+
+    with ThreadPoolExecutor(many) as pool:
+        added = list(pool.map(add, range(many)))
+    assert [a.status_code for a in added] == [200] * many, [a.text for a in added]
+    ids = [a.json()["ids"][0] for a in added]
+    assert len(set(ids)) == many and -1 not in ids
+    bundle = load_bundle(served.bundle)
+    assert bundle.live_count == before + many and not bundle.is_deleted(np.array(ids)).any()
+    with ThreadPoolExecutor(many) as pool:
+        gone = list(pool.map(delete, ids))
+    assert [g.status_code for g in gone] == [200] * many, [g.text for g in gone]
+    assert [g.json()["deleted"] for g in gone] == [1] * many
+    bundle = load_bundle(served.bundle)
+    assert bundle.is_deleted(np.array(ids)).all() and bundle.live_count == before
+    with served.client() as client:
+        assert client.get("/health").json()["items"] == before
+
+
 def test_the_client_refuses_what_a_local_query_refuses_in_the_same_words(tmp_path: Path) -> None:
     from pactl.errors import PactlError
     from pactl.images import ImageError, load_image

@@ -346,6 +346,37 @@ def test_the_items_compacted_away_are_carried_through_every_write(
         load_bundle(bundle_dir)
 
 
+def test_the_writer_lock_refuses_another_thread_as_another_process(
+    tmp_path: Path, data: Any
+) -> None:
+    """A service's requests are threads of one process: the lock is re-entrant for the thread
+    that holds it only, so two requests never write the same bundle at once."""
+    import threading
+
+    from pactl.errors import Busy
+    from pactl.fsutil import writer_lock
+
+    base, _ = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
+    seen: list[BaseException | int] = []
+
+    def other() -> None:
+        try:
+            seen.append(delete_items(bundle_dir, ids=[1]))
+        except BaseException as e:  # noqa: BLE001 - what the thread saw is the result
+            seen.append(e)
+
+    with writer_lock(bundle_dir):
+        assert delete_items(bundle_dir, ids=[0]) == 1  # the holding thread: re-entrant
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert len(seen) == 1 and isinstance(seen[0], Busy)
+    assert load_bundle(bundle_dir).deleted.tolist() == [0]
+    other()  # once released, the other thread writes
+    assert seen[1] == 1 and load_bundle(bundle_dir).deleted.tolist() == [0, 1]
+
+
 def test_ids_removed_by_a_compaction_are_never_given_again(tmp_path: Path, data: Any) -> None:
     base, _ = data
     bundle_dir = make_bundle(tmp_path / "b", base, "Flat")

@@ -8,6 +8,7 @@ and, for `?path=` queries, the `--allow-root` folders.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import io
 import json
@@ -332,6 +333,9 @@ def _hit(hit: Any) -> dict[str, Any]:
 def _writes(app: FastAPI) -> None:
     engine: Engine = app.state.engine
     config: ServeConfig = app.state.config
+    # This service's writes take turns (a write of another process is refused with 409): the
+    # bundle's writer lock admits one thread, and a request waiting here holds no thread.
+    turn = asyncio.Lock()
 
     @app.post("/add", openapi_extra=UPLOAD_BODY)
     async def add(request: Request) -> dict[str, Any]:
@@ -352,9 +356,10 @@ def _writes(app: FastAPI) -> None:
             store_for_add, uploads, label if isinstance(label, str) else "", config.uploads
         )
         try:
-            done = await run_in_threadpool(
-                add_to_index, str(stored), config.bundle, None, config.device, QUIET
-            )
+            async with turn:
+                done = await run_in_threadpool(
+                    add_to_index, str(stored), config.bundle, None, config.device, QUIET
+                )
         except BaseException:  # not added (another writer, a full disk): keep nothing of it
             shutil.rmtree(stored, ignore_errors=True)
             raise
@@ -373,9 +378,10 @@ def _writes(app: FastAPI) -> None:
         ids, paths = body.get("ids", []), body.get("paths", [])
         if not _list_of(ids, int) or not _list_of(paths, str) or not (ids or paths):
             raise HTTPException(400, 'give {"ids": [integers]} and/or {"paths": [strings]}')
-        removed = await run_in_threadpool(
-            lambda: delete_items(config.bundle, ids=tuple(ids), paths=tuple(paths))
-        )
+        async with turn:
+            removed = await run_in_threadpool(
+                lambda: delete_items(config.bundle, ids=tuple(ids), paths=tuple(paths))
+            )
         snapshot = await run_in_threadpool(engine.fresh)
         return {"deleted": int(removed), "count": int(snapshot.bundle.live_count)}
 
