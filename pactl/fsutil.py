@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import json
 import os
 import secrets
 import shutil
@@ -176,6 +177,37 @@ def writer_lock(folder: Path) -> Iterator[None]:
     finally:
         del _held_locks[key]
         os.close(fd)  # closing releases the flock
+
+
+KINDS = {"pactl.bundle": "an index bundle", "pactl.vectors": "embedded vectors"}
+
+
+def check_replaceable(folder: Path, kind: str, names: Collection[str]) -> None:
+    """Refuse, before any work, to write a `kind` folder (a meta.json format) where it would
+    replace something else: another kind of pactl folder, or files by the names it writes that
+    pactl did not write (a manifest called items.csv). A folder of the same kind is rewritten
+    (a rebuild, an embed going on); a missing or unrelated one is fine."""
+    if not folder.is_dir():
+        return
+    meta = folder / "meta.json"
+    if os.path.lexists(meta):
+        try:
+            found = json.loads(meta.read_text(encoding="utf-8")).get("format")
+        except (OSError, ValueError, AttributeError):
+            found = None
+        if found == kind:
+            return
+        held = KINDS.get(str(found), "a meta.json that pactl did not write")
+        raise PactlError(
+            f"{folder} holds {held}; writing {KINDS[kind]} there would replace it: "
+            "give another output folder"
+        )
+    clash = sorted(n for n in names if os.path.lexists(folder / n))
+    if clash:
+        raise PactlError(
+            f"{folder} holds {clash[0]}, which pactl did not write; writing {KINDS[kind]} there "
+            "would replace it: give another output folder"
+        )
 
 
 def make_folder(folder: Path) -> None:

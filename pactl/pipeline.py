@@ -60,9 +60,12 @@ def embed_source(
     `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
     in the whole (sorted) input list. Progress is committed every `commit_every` images
     (default pactl.config.COMMIT_EVERY)."""
-    from pactl.embed import Shard, parse_shard
+    from pactl.embed import VECTORS_FILES, VECTORS_FORMAT, Shard, parse_shard
+    from pactl.fsutil import check_replaceable
 
     part = parse_shard(shard) if shard else Shard()  # a usage mistake before any listing
+    target = out_dir / "shards" / part.name if part.count > 1 else out_dir
+    check_replaceable(target, VECTORS_FORMAT, VECTORS_FILES)
     files, labels = source_items(source, split, reporter, follow_links)
     ids = np.arange(len(files), dtype=np.int64)
     if part.count > 1:
@@ -148,9 +151,10 @@ def index_vectors(
     keeps them deleted (by path): they are tombstones again in the new bundle, so a later
     rebuild still knows them, and the items a compaction removed stay listed as removed.
     """
-    from pactl.fsutil import new_generation
+    from pactl.fsutil import check_replaceable, new_generation
     from pactl.index import (
         BUNDLE_FILES,
+        BUNDLE_FORMAT,
         ItemTable,
         build_index,
         build_ondisk_index,
@@ -164,6 +168,7 @@ def index_vectors(
         raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
     out = out or default_bundle_dir(meta.get("checkpoint"))
     check_apart(vectors_dir, out)
+    check_replaceable(out, BUNDLE_FORMAT, BUNDLE_FILES)
     dim = int(parts[0][0].shape[1])
     try:
         gone, removed = deleted_paths(out)
@@ -428,7 +433,11 @@ def index_images(
     follow_links: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Embed `source` with a checkpoint or a backbone, then index it, in one go."""
+    from pactl.fsutil import check_replaceable
+    from pactl.index import BUNDLE_FILES, BUNDLE_FORMAT
+
     bundle = out or default_bundle_dir(model_from if isinstance(model_from, Path) else None)
+    check_replaceable(bundle, BUNDLE_FORMAT, BUNDLE_FILES)  # before minutes of embedding
     vectors_dir = bundle / "vectors"
     embed_source(
         source,

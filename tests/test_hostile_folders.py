@@ -292,3 +292,40 @@ def test_missing_shards_are_named(vec: Path, tmp_path: Path, monkeypatch: Any, c
         ]
         ok(args, monkeypatch, capsys)
     refused(["index", str(tmp_path / "s")], monkeypatch, capsys, "missing: 1/4, 3/4")
+
+
+def test_an_output_folder_holding_something_else_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--out names a folder that holds what the command would write over: a manifest called
+    items.csv, a bundle where vectors go, vectors where a bundle goes. Refused in one line,
+    the folder as it was; a folder of the same kind is rewritten as before."""
+    imgs = make_class_folder(tmp_path / "imgs", classes=2, per_class=3)
+    monkeypatch.chdir(tmp_path)
+    rows = [f"{p.relative_to(imgs)},{p.parent.name}" for p in sorted(imgs.rglob("*.png"))]
+    manifest = imgs / "items.csv"
+    manifest.write_text("path,label\n" + "\n".join(rows) + "\n")
+    before = manifest.read_bytes()
+
+    def refused(args: list[str], held: str) -> None:
+        code, out, err = run_cli(args, monkeypatch, capsys)
+        assert (code, out) == (1, ""), err
+        assert one_error(err).startswith(f"error: {args[args.index('--out') + 1]} holds {held}")
+
+    refused(["embed", str(manifest), *MODEL, "--out", str(imgs)], "items.csv, which pactl did")
+    assert manifest.read_bytes() == before and not (imgs / "vectors.npy").exists()
+    for args in (["embed", "imgs", *MODEL, "--out", "vec"], ["index", "vec", "--out", "b"]):
+        assert run_cli(args, monkeypatch, capsys)[0] == 0
+    assert run_cli(["embed", "imgs", *MODEL, "--out", "vec2"], monkeypatch, capsys)[0] == 0
+    bundle_files = sorted(os.listdir("b"))
+    refused(["embed", "imgs", *MODEL, "--out", "b"], "an index bundle; writing embedded vectors")
+    refused(["index", "vec", "--out", "vec2"], "embedded vectors; writing an index bundle")
+    refused(["index", "imgs", *MODEL, "--out", "vec2"], "embedded vectors; writing an index")
+    assert sorted(os.listdir("b")) == bundle_files and load_bundle(Path("b")).live_count == 6
+    assert (
+        read_embedded(Path("vec2"))[1].paths.tolist()
+        == read_embedded(Path("vec"))[1].paths.tolist()
+    )
+    # the same kinds again: an embed goes on, a rebuild replaces
+    assert run_cli(["embed", "imgs", *MODEL, "--out", "vec"], monkeypatch, capsys)[0] == 0
+    assert run_cli(["index", "vec", "--out", "b"], monkeypatch, capsys)[0] == 0
