@@ -173,6 +173,7 @@ def check_training_state(payload: dict[str, Any], path: Path) -> None:
         and best["epoch"] >= -1
         and _is_scores(best.get("metrics"))
         and _is_number(best.get("score", 0.0))
+        and _is_number(best.get("then", 0.0))
     )
     _expect(path, "best", best, "a mapping of epoch, metrics and score", wanted)
     start = payload.get("start", {})

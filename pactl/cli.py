@@ -508,7 +508,11 @@ def train(
             shutil.rmtree(run, ignore_errors=True)
         raise
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
-    chooser = {"val": "validation Recall@1", "test": "test Recall@1", "last": "last epoch"}
+    chooser = {
+        "val": "validation Recall@1, then MAP@R",
+        "test": "test Recall@1, then MAP@R",
+        "last": "last epoch",
+    }
     with to_stdout():
         out.print(literal(f"run: {result.run_dir}"))
         chosen_by = chooser[result.selection]

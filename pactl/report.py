@@ -43,8 +43,28 @@ def check_image_path(path: Path) -> str:
 
 # ---------------------------------------------------------------------------- training curves
 
-SELECTION_KEYS = {"val": "val_recall@1", "test": "recall@1"}  # as train.record_epoch chooses
-SELECTION_NAMES = {"val": "by validation Recall@1", "test": "by test Recall@1", "last": "the last"}
+SELECTION_KEYS = {"val": "val_recall@1", "test": "recall@1"}  # the metric that chooses best.pt
+TIE_KEYS = {"val": "val_map@r", "test": "map@r"}  # what decides between epochs it ties
+SELECTION_NAMES = {
+    "val": "by validation Recall@1, then MAP@R",
+    "test": "by test Recall@1, then MAP@R",
+    "last": "the last",
+}
+
+
+def selection_score(row: dict[str, Any], selection: str) -> tuple[float, float] | None:
+    """What best.pt is chosen by (train.record_epoch, and best_epoch reading metrics.csv): the
+    selection split's Recall@1, then its MAP@R, which tells apart epochs that tie on a Recall@1
+    a few validation classes saturate (all at 1.0, the untrained start among them); the epoch
+    itself for `last`. None when the row has no score."""
+    key = SELECTION_KEYS.get(selection)
+    if key is None:
+        return float(row["epoch"]), 0.0
+    first = row.get(key)
+    if first is None:
+        return None
+    then = row.get(TIE_KEYS[selection])
+    return float(first), float(then) if then is not None else -1.0
 
 
 def plot_curves(
@@ -102,16 +122,13 @@ def run_selection(run_dir: Path, columns: set[str]) -> str:
 
 def best_epoch(rows: Sequence[dict[str, float]], selection: str) -> int | None:
     """The epoch best.pt holds, chosen as training chose it: the first epoch with the highest
-    Recall@1 of the selection split, or the last epoch for `last`. None when nothing scored."""
+    selection_score, or the last epoch for `last`. None when nothing scored."""
     if selection not in SELECTION_NAMES:
         raise ValueError(f"selection must be one of {', '.join(SELECTION_NAMES)}: {selection!r}")
-    key = SELECTION_KEYS.get(selection)
-    if key is None:
-        return int(rows[-1]["epoch"]) if rows else None
-    scored = [r for r in rows if key in r]
+    scored = [(score, r) for r in rows if (score := selection_score(r, selection)) is not None]
     if not scored:
         return None
-    return int(max(scored, key=lambda r: (r[key], -r["epoch"]))["epoch"])
+    return int(max(scored, key=lambda sr: (sr[0], -sr[1]["epoch"]))[1]["epoch"])
 
 
 def zoom(values: Sequence[float]) -> tuple[float, float]:

@@ -30,6 +30,7 @@ from pactl.embed import autocast, embed_files, loader_for, resolve_device
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text, make_folder
 from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
+from pactl.report import selection_score
 
 RUN_FORMAT = "pactl.run"
 RUN_VERSION = 1
@@ -678,8 +679,8 @@ def describe_recipe(model_cfg: ModelConfig, cfg: TrainConfig, splits: Splits) ->
 
 
 _SELECTION = {
-    "val": "validation Recall@1",
-    "test": "test Recall@1 (the paper's protocol)",
+    "val": "validation Recall@1 (then MAP@R)",
+    "test": "test Recall@1 (then MAP@R; the paper's protocol)",
     "last": "the last epoch",
 }
 
@@ -746,15 +747,24 @@ def record_epoch(
     epoch = row["epoch"]
     with writing_in(run_dir):
         append_metrics(run_dir / "metrics.csv", columns, row)
-    shown = ", ".join(f"{k} {row[k]:.4f}" for k in columns[1:] if isinstance(row.get(k), float))
+    shown = ", ".join(
+        f"{k} {row[k]:.3g}" if k == "lr" else f"{k} {row[k]:.4f}"  # lr 0.00015, not 0.0001
+        for k in columns[1:]
+        if isinstance(row.get(k), float)
+    )
     reporter.log(f"epoch {epoch}/{t.cfg.epochs}: {shown}")
     for warning in health_warnings(row, state["start"]):
         reporter.warn(f"epoch {epoch}: {warning}")
-    key = {"val": "val_recall@1", "test": "recall@1"}.get(t.cfg.selection)
-    score = row.get(key) if key else float(epoch)
+    score = selection_score(row, t.cfg.selection)
+    best = state["best"]
     with writing_in(run_dir):
-        if score is not None and score > state["best"].get("score", -1.0):
-            state["best"] = {"epoch": epoch, "metrics": state["last"], "score": float(score)}
+        if score is not None and score > (best.get("score", -1.0), best.get("then", -1.0)):
+            state["best"] = {
+                "epoch": epoch,
+                "metrics": state["last"],
+                "score": score[0],
+                "then": score[1],
+            }
             weights = ckpt.clean_state_dict(t.model)
             ckpt.save(
                 run_dir / "best.pt",
@@ -773,7 +783,8 @@ COLLAPSED_COSINE = 0.9
 def health_warnings(row: dict[str, Any], start: dict[str, Any]) -> list[str]:
     """What went wrong by this epoch, against epoch 0: Recall@1 far below the start, or
     embeddings that all point the same way (and no less so than at the start: a random network
-    starts near 1, and only training that does not spread them out is a collapse)."""
+    starts near 1, and only training that does not spread them out, nor improve MAP@R, is a
+    collapse)."""
     if row["epoch"] == 0:
         return []
     warnings = []
@@ -786,7 +797,17 @@ def health_warnings(row: dict[str, Any], start: dict[str, Any]) -> list[str]:
             )
             break
     cosine, before = row.get("mean_cos"), start.get("mean_cos")
-    if cosine is not None and cosine > COLLAPSED_COSINE and cosine >= (before or 0.0):
+    # Retrieval getting better is no collapse, however close together the vectors lie.
+    better = any(
+        row.get(k) is not None and start.get(k) is not None and row[k] > start[k]
+        for k in ("val_map@r", "map@r")
+    )
+    if (
+        cosine is not None
+        and cosine > COLLAPSED_COSINE
+        and cosine >= (before or 0.0)
+        and not better
+    ):
         warnings.append(
             f"the embeddings have collapsed (mean pairwise cosine {cosine:.3f}): "
             "every image maps to nearly the same point"

@@ -70,16 +70,48 @@ def test_validation_chooses_best_pt(
     rows = read_metrics(run)
     assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
     assert {"val_recall@1", "val_map@r", "recall@1", "mean_cos"} <= set(rows[0])
-    val = [float(r["val_recall@1"]) for r in rows]
-    chosen = int(np.argmax(val))  # the first epoch with the best validation Recall@1
+    val = [(float(r["val_recall@1"]), float(r["val_map@r"])) for r in rows]
+    chosen = max(range(len(val)), key=lambda e: (val[e], -e))  # Recall@1, then MAP@R, first
+
     best = ckpt.load(run / "best.pt")
     assert best["epoch"] == chosen
-    assert best["metrics"]["val_recall@1"] == pytest.approx(val[chosen], abs=1e-5)
-    assert f"best epoch {chosen} (by validation Recall@1)" in out
+    assert best["metrics"]["val_recall@1"] == pytest.approx(val[chosen][0], abs=1e-5)
+    assert f"best epoch {chosen} (by validation Recall@1, then MAP@R)" in out
     assert "recipe: small (none weights) at 16 px" in err
     assert "best.pt chosen by validation Recall@1" in err and "per epoch" in err
     config = json.loads((run / "config.json").read_text())
     assert config["train_config"]["selection"] == "val"
+
+
+def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two validation classes are often all right from the start (Recall@1 1.0 at every epoch,
+    epoch 0 included): best.pt then goes to the epoch with the best validation MAP@R, not to
+    the untrained network, and the curves (reading metrics.csv) mark that same epoch."""
+    from types import SimpleNamespace
+
+    from pactl import train
+    from pactl.config import ModelConfig
+    from pactl.console import QUIET
+    from pactl.model import build_model
+    from pactl.report import best_epoch, read_metrics
+
+    monkeypatch.setattr(train, "save_state", lambda *args: None)  # checkpoint.pt: not this test
+    model_cfg = ModelConfig(backbone="small", weights="none", image_size=16, resize_size=16)
+    net, model_cfg = build_model(model_cfg)
+    t = SimpleNamespace(cfg=TrainConfig(epochs=4, selection="val"), model=net, model_cfg=model_cfg)
+    columns = train.metric_columns(TrainConfig(eval_ks=(1,)), with_val=True)
+    state: dict = {"best": {"epoch": -1, "metrics": {}}, "start": {}, "last": {}}
+    val_map = [0.55, 0.70, 0.87, 0.80, 0.87]  # a tie at the top: the first of it
+    for epoch, m in enumerate(val_map):
+        row = {"epoch": epoch, "recall@1": 0.8 + epoch / 100, "map@r": 0.3, "nmi": 0.5}
+        row.update({"val_recall@1": 1.0, "val_map@r": m, "mean_cos": 0.5, "seconds": 1.0})
+        state["last"] = {k: v for k, v in row.items() if "@" in k}
+        state["start"] = state["start"] or row
+        train.record_epoch(t, tmp_path, row, columns, ["a", "b"], state, QUIET)
+    assert state["best"]["epoch"] == 2 and ckpt.load(tmp_path / "best.pt")["epoch"] == 2
+    assert best_epoch(read_metrics(tmp_path / "metrics.csv"), "val") == 2
 
 
 def test_paper_presets_keep_the_paper_protocol(
@@ -133,6 +165,10 @@ def test_health_warnings_name_a_fall_and_a_collapse() -> None:
     random_start = {"recall@1": 0.1, "mean_cos": 0.97}
     assert health_warnings({"epoch": 1, "recall@1": 0.2, "mean_cos": 0.93}, random_start) == []
     assert "collapsed" in health_warnings({"epoch": 1, "mean_cos": 0.98}, random_start)[0]
+    # close together but retrieving better (MAP@R up): training is working, no collapse
+    learning = {"epoch": 1, "mean_cos": 0.984, "recall@1": 0.83, "map@r": 0.38}
+    assert health_warnings(learning, {**random_start, "recall@1": 0.75, "map@r": 0.22}) == []
+    assert "collapsed" in health_warnings(learning, {**random_start, "map@r": 0.38})[0]
 
 
 def test_from_scratch_batchnorm_trains_and_does_not_collapse(
