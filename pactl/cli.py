@@ -779,6 +779,14 @@ def index(
             "--compact", help="Remove the deleted items from the bundle SOURCE's index for real."
         ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Rebuild a bundle even if the new input lacks some of its items (those added "
+            "with --add, or other images), which it then drops.",
+        ),
+    ] = False,
     on_disk: Annotated[
         OnDisk,
         typer.Option(
@@ -854,7 +862,9 @@ def index(
             out.print(literal(f"added {added}{also} to {add} ({done['count']} in all)"))
         return
     if source is None:
-        bundle, meta = pipeline.index_latest_run(runs_dir(), config, device, log, follow_links)
+        bundle, meta = pipeline.index_latest_run(
+            runs_dir(), config, device, log, follow_links, overwrite=overwrite
+        )
     elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
         images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint is not None}
         images_only |= {"--backbone": backbone is not None, "--split": split is not None}
@@ -865,7 +875,9 @@ def index(
             )
         if out_dir is not None:
             check_apart(Path(source), out_dir)
-        bundle, meta = pipeline.index_vectors(Path(source), out_dir, config, log)
+        bundle, meta = pipeline.index_vectors(
+            Path(source), out_dir, config, log, overwrite=overwrite
+        )
     elif checkpoint is None and backbone is None:
         raise UsageError(
             f"{source} is not an embed output folder; to index images pass --checkpoint "
@@ -874,7 +886,15 @@ def index(
     else:
         model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
         bundle, meta = pipeline.index_images(
-            source, model_from, out_dir, split, config, device, log, follow_links=follow_links
+            source,
+            model_from,
+            out_dir,
+            split,
+            config,
+            device,
+            log,
+            follow_links=follow_links,
+            overwrite=overwrite,
         )
     with to_stdout():
         factory = meta.get("factory", "?")

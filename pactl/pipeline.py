@@ -142,14 +142,20 @@ def _join_parts(parts: list[tuple[np.ndarray, Any]]) -> tuple[np.ndarray, Any]:
 
 
 def index_vectors(
-    vectors_dir: Path, out: Path | None, config: IndexConfig, reporter: Reporter
+    vectors_dir: Path,
+    out: Path | None,
+    config: IndexConfig,
+    reporter: Reporter,
+    overwrite: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Build a bundle from an embed output folder; returns (bundle folder, meta).
 
     Shards are joined in memory, or, with on-disk merging (config.on_disk), indexed one at a time
     into an IVF whose lists go to index.ivfdata. A rebuild of a bundle that has items deleted
     keeps them deleted (by path): they are tombstones again in the new bundle, so a later
-    rebuild still knows them, and the items a compaction removed stay listed as removed.
+    rebuild still knows them, and the items a compaction removed stay listed as removed. A
+    rebuild that would drop live items of the bundle (added with --add, or another set of
+    images) is refused unless `overwrite`.
     """
     from pactl.fsutil import check_replaceable, new_generation
     from pactl.index import (
@@ -158,7 +164,7 @@ def index_vectors(
         ItemTable,
         build_index,
         build_ondisk_index,
-        deleted_paths,
+        rebuild_facts,
         wants_on_disk,
         write_bundle,
     )
@@ -171,10 +177,14 @@ def index_vectors(
     check_replaceable(out, BUNDLE_FORMAT, BUNDLE_FILES)
     dim = int(parts[0][0].shape[1])
     try:
-        gone, removed = deleted_paths(out)
+        before = rebuild_facts(out)
     except PactlError as e:  # the bundle being replaced is damaged: nothing of it is kept
         reporter.warn(f"{e}; rebuilding it without its deletions")
-        gone, removed = set(), None
+        before = None
+    if before is not None and not overwrite:
+        check_nothing_dropped(out, before.live, vectors_paths(parts), str(vectors_dir))
+    gone = before.gone if before is not None else set()
+    removed = before.removed if before is not None else None
     dead = None
     with new_generation(out, BUNDLE_FILES) as gen:
         if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
@@ -199,6 +209,24 @@ def index_vectors(
         write_bundle(gen, index, items, bundle_meta, deleted=dead, removed=removed)
     bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
+
+
+def vectors_paths(parts: list[tuple[np.ndarray, Any]]) -> set[str]:
+    return {p for _, table in parts for p in table.paths}
+
+
+def check_nothing_dropped(bundle: Path, live: set[str], incoming: set[str], source: str) -> None:
+    """Refuse a rebuild of `bundle` from `source` that leaves out some of its live items (those
+    it got from --add or POST /add, or a bundle of other images): without --overwrite nothing
+    indexed is lost silently."""
+    dropped = live - incoming
+    if dropped:
+        raise PactlError(
+            f"rebuilding {bundle} from {source} would drop {len(dropped):,} of its "
+            f"{len(live):,} items, which {source} does not hold (e.g. {min(dropped)}; items "
+            "added with --add are in the bundle only): give --overwrite to rebuild without "
+            "them, or another --out"
+        )
 
 
 def _named(items: Any, paths: set[str]) -> np.ndarray:
@@ -431,25 +459,29 @@ def index_images(
     reporter: Reporter,
     workers: int = 0,
     follow_links: bool = False,
+    overwrite: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
-    """Embed `source` with a checkpoint or a backbone, then index it, in one go."""
+    """Embed `source` with a checkpoint or a backbone, then index it, in one go. A bundle
+    already there is checked first: one of another kind, or whose live items `source` lacks
+    (without `overwrite`), is refused before any embedding."""
+    from pactl.embed import VECTORS_FILES, VECTORS_FORMAT
     from pactl.fsutil import check_replaceable
-    from pactl.index import BUNDLE_FILES, BUNDLE_FORMAT
+    from pactl.index import BUNDLE_FILES, BUNDLE_FORMAT, rebuild_facts
 
     bundle = out or default_bundle_dir(model_from if isinstance(model_from, Path) else None)
     check_replaceable(bundle, BUNDLE_FORMAT, BUNDLE_FILES)  # before minutes of embedding
     vectors_dir = bundle / "vectors"
-    embed_source(
-        source,
-        model_from,
-        vectors_dir,
-        split,
-        device_name,
-        reporter,
-        workers=workers,
-        follow_links=follow_links,
-    )
-    return index_vectors(vectors_dir, bundle, config, reporter)
+    check_replaceable(vectors_dir, VECTORS_FORMAT, VECTORS_FILES)
+    files, labels = source_items(source, split, reporter, follow_links)
+    if not overwrite:
+        try:
+            live = rebuild_facts(bundle).live
+        except PactlError:
+            live = set()  # damaged: index_vectors says so, and rebuilds it
+        check_nothing_dropped(bundle, live, {os.path.abspath(f) for f in files}, source)
+    ids = np.arange(len(files), dtype=np.int64)
+    embed_source_files(files, labels, ids, model_from, vectors_dir, device_name, reporter, workers)
+    return index_vectors(vectors_dir, bundle, config, reporter, overwrite=True)
 
 
 def index_latest_run(
@@ -458,6 +490,7 @@ def index_latest_run(
     device_name: str,
     reporter: Reporter,
     follow_links: bool = False,
+    overwrite: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Right after `pactl train NAME`: index that dataset's test (gallery) images, following
     links where asked or where the run itself followed them."""
@@ -474,7 +507,15 @@ def index_latest_run(
     split = "gallery" if manifest.has_split("gallery") else "test"
     reporter.log(f"indexing the {split} split of {source} with {best}")
     return index_images(
-        source, best, run / "index", split, config, device_name, reporter, follow_links=follow
+        source,
+        best,
+        run / "index",
+        split,
+        config,
+        device_name,
+        reporter,
+        follow_links=follow,
+        overwrite=overwrite,
     )
 
 

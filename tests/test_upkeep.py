@@ -15,7 +15,7 @@ from typing import Any
 import faiss
 import numpy as np
 import pytest
-from conftest import clustered, make_class_folder, run_cli, unit
+from conftest import clustered, make_class_folder, one_error, run_cli, unit
 from PIL import Image
 
 from pactl.config import IndexConfig
@@ -35,8 +35,8 @@ from pactl.index import (
     bundle_count,
     compact_bundle,
     delete_items,
-    deleted_paths,
     load_bundle,
+    rebuild_facts,
     save_bundle,
     write_bundle,
 )
@@ -338,7 +338,7 @@ def test_the_items_compacted_away_are_carried_through_every_write(
     compact_bundle(bundle_dir)  # a second compaction adds its own
     bundle = load_bundle(bundle_dir)
     assert bundle.removed.ids.tolist() == [3, 7, 11] and bundle.live_count == N - 2
-    assert deleted_paths(bundle_dir)[0] == {f"/photos/{i}.png" for i in (3, 7, 11)}
+    assert rebuild_facts(bundle_dir).gone == {f"/photos/{i}.png" for i in (3, 7, 11)}
     # removed.bin is one of the generation's files: one cut short is refused, not half-read
     with open(bundle_dir / REMOVED_FILE, "r+b") as f:
         f.truncate(40)
@@ -641,8 +641,49 @@ def test_a_rebuild_keeps_deleted_images_deleted(
     assert code == 0 and "1 image of" in err, err
     bundle = load_bundle(bundle_dir)
     assert bundle.live_count == len(paths) - 1 and paths[5] in bundle.items.paths.tolist()
-    gone, removed = deleted_paths(bundle_dir)
-    assert gone == {paths[0]} and removed.paths.tolist() == [paths[0], paths[5]]
+    facts = rebuild_facts(bundle_dir)
+    assert facts.gone == {paths[0]} and facts.removed.paths.tolist() == [paths[0], paths[5]]
     other = tmp_path / "other"  # a new folder knows nothing of the deletions
     assert run_cli(["index", str(vec), "--out", str(other)], monkeypatch, capsys)[0] == 0
     assert load_bundle(other).items.paths.tolist() == paths
+
+
+def test_a_rebuild_that_would_drop_items_is_refused_without_overwrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Items added with --add live in the bundle only; a bundle of other images is not the
+    new input's either. A rebuild over them says so in one line and changes nothing (images
+    are not even embedded); --overwrite rebuilds without them."""
+    make_class_folder(tmp_path / "imgs", classes=2, per_class=3)
+    more = make_class_folder(tmp_path / "more", classes=1, per_class=2)
+    monkeypatch.chdir(tmp_path)
+    for args in (
+        ["embed", "imgs", *MODEL, "--out", "vec"],
+        ["index", "vec", "--out", "b"],
+        ["index", "more", "--add", "b"],
+    ):
+        assert run_cli(args, monkeypatch, capsys)[0] == 0
+    added = sorted(str(p) for p in more.rglob("*.png"))
+    generation = generation_of(Path("b"))
+
+    def refused(args: list[str], lost: int, of: int) -> None:
+        code, out, err = run_cli(args, monkeypatch, capsys)
+        assert (code, out) == (1, "")
+        line = one_error(err)
+        assert f"would drop {lost} of its {of} items" in line and "--overwrite" in line, line
+        assert generation_of(Path("b")) == generation
+
+    refused(["index", "vec", "--out", "b"], 2, 8)
+    bundle = load_bundle(Path("b"))
+    assert bundle.live_count == 8 and added[0] in bundle.items.paths.tolist()
+    vectors = sorted(os.listdir(current_dir(Path("vec"))))
+    refused(["index", "more", *MODEL, "--out", "b"], 6, 8)  # other images: before embedding
+    assert (
+        not (Path("b") / "vectors").exists()
+        and sorted(os.listdir(current_dir(Path("vec")))) == vectors
+    )
+    code, out, err = run_cli(["index", "vec", "--out", "b", "--overwrite"], monkeypatch, capsys)
+    assert code == 0 and "indexed 6 items" in out, err
+    assert not set(added) & set(load_bundle(Path("b")).items.paths.tolist())
+    # the same input again needs no --overwrite
+    assert run_cli(["index", "vec", "--out", "b"], monkeypatch, capsys)[0] == 0

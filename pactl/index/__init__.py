@@ -45,8 +45,8 @@ from pactl.index.bundle import (
     check_folder,
     compact_bundle,
     delete_items,
-    deleted_paths,
     load_bundle,
+    rebuild_facts,
     save_bundle,
     write_bundle,
 )
@@ -85,7 +85,7 @@ __all__ = [
     "build_index",
     "build_ondisk_index",
     "bundle_count",
-    "deleted_paths",
+    "rebuild_facts",
     "check_factory",
     "check_folder",
     "choose_factory",

@@ -588,21 +588,32 @@ def _read_deleted(path: Path, gen: Path, meta: dict[str, Any], items: ItemTable)
     return dead
 
 
-def deleted_paths(path: Path) -> tuple[set[str], ItemTable]:
-    """What a rebuild of the bundle at `path` keeps deleted: the paths of its deleted and its
-    compacted-away items that are not in it under a new id (a changed file replaced by --add
-    is live again), and the table of the compacted-away ones, to carry over. Nothing when
-    `path` is no bundle yet; PactlError when it is a bundle that cannot be read."""
-    if not (path / META_FILE).exists():
-        return set(), ItemTable.from_rows([])
+@dataclass(frozen=True)
+class Replaced:
+    """What a rebuild must know of the bundle it replaces (rebuild_facts)."""
 
-    def read(gen: Path) -> tuple[set[str], ItemTable]:
+    live: set[str]  # the paths of its live items: a rebuild without them drops them
+    gone: set[str]  # paths deleted or compacted away and not live under a new id: kept deleted
+    removed: ItemTable  # the items compacted away, carried over
+
+
+def rebuild_facts(path: Path) -> Replaced:
+    """What the bundle at `path` holds that a rebuild over it must keep or may lose: its live
+    paths, the paths of its deleted and compacted-away items that are not in it under a new id
+    (a changed file replaced by --add is live again), and the table of the compacted-away
+    ones. Nothing when `path` is no bundle yet; PactlError when it is a bundle that cannot be
+    read."""
+    if not (path / META_FILE).exists():
+        return Replaced(set(), set(), ItemTable.from_rows([]))
+
+    def read(gen: Path) -> Replaced:
         meta, items, deleted = _read_tables(path, gen)
         removed = _read_removed(gen, meta)
         dead = in_sorted(items.ids, deleted).tolist()
         paths = items.paths.tolist()
+        live = {p for p, d in zip(paths, dead, strict=True) if not d}
         gone = {p for p, d in zip(paths, dead, strict=True) if d} | set(removed.paths.tolist())
-        return gone - {p for p, d in zip(paths, dead, strict=True) if not d}, removed
+        return Replaced(live, gone - live, removed)
 
     return read_current(path, read)
 
