@@ -114,7 +114,10 @@ def search(
         raise PactlError(f"exclude_ids needs one id per query ({nq}), got shape {own.shape}")
     excluding = bool((own >= 0).any())
     dead = bundle.deleted
-    own_live = bool(((own >= 0) & ~in_sorted(own, dead)).any())  # a deleted one takes no place
+    # The width is every row's cap: one less than the live items only when every row leaves
+    # out a live item of its own (a deleted one takes no place); a row that excludes itself
+    # beside rows that do not ends in a -1 instead, never costing the others a hit.
+    own_live = bool(nq) and bool(((own >= 0) & ~in_sorted(own, dead)).all())
     width = capped_k(k, int(index.ntotal) - len(dead), own_live)
     # Over-fetch by as many as the deleted items, up to k more; rarely a second round is needed.
     fetch = min(width + int(excluding) + min(len(dead), width), int(index.ntotal))
