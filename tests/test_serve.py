@@ -431,8 +431,14 @@ def test_thumbnails_come_only_from_items(served: Service) -> None:
         picture = Image.open(io.BytesIO(thumb.content))
         original = Image.open(client.get("/items/0").json()["path"])
         assert picture.size == original.size  # 16 px: under the 256 px bound, kept
+        huge = 2**63  # past int64: no item has it, and it is no 500
         for bad in ("/items/999999/thumbnail", "/items/-1/thumbnail", "/items/999999"):
             assert client.get(bad).status_code == 404
+        for bad in (f"/items/{huge}", f"/items/{huge}/thumbnail", f"/items/-{huge * 4}"):
+            assert client.get(bad).status_code == 404, bad
+        assert client.post("/query", params={"id": huge}).status_code == 404
+        gone = client.post("/delete", json={"ids": [huge]})
+        assert gone.status_code == 400 and f"no item with id {huge}" in gone.json()["detail"]
         assert client.get("/items/abc/thumbnail").status_code == 422
     secret = (served.root / "outside" / "secret.png").read_bytes()
     for raw in (

@@ -466,7 +466,7 @@ def test_cli_delete_and_compact(
     assert (code, out) == (0, f"deleted 2 items from {b} (26 left)\n")
     assert load_bundle(bundle_dir).deleted.tolist() == [3, 5, 7, 9]
     # Unknown names: exit 1, one line naming it, nothing deleted.
-    for name in ("img/none.png", "30"):
+    for name in ("img/none.png", "30", str(2**64)):  # past int64 too: a line, no traceback
         code, out, err = run_cli(
             ["index", b, "--delete", "1", "--delete", name], monkeypatch, capsys
         )

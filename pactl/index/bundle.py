@@ -40,7 +40,7 @@ from pactl.index.build import (
     faiss_gpus,
     gpu_searcher,
 )
-from pactl.index.items import TABLE_FILE, ItemTable
+from pactl.index.items import ID_MAX, TABLE_FILE, ItemTable
 from pactl.index.ondisk import (
     IVFDATA_FILE,
     PENDING_IVFDATA,
@@ -349,6 +349,9 @@ def _resolve(
     """The ids named by `ids` and `paths`, each checked to be an item of the bundle."""
     from pactl.search import PathIndex
 
+    beyond = [int(i) for i in ids if not 0 <= int(i) <= ID_MAX]  # int64 cannot hold them
+    if beyond:
+        raise PactlError(f"no item with id {beyond[0]} in bundle {bundle_dir}")
     wanted = np.asarray([int(i) for i in ids], dtype=np.int64)
     unknown = wanted[items.positions(wanted) < 0]
     if len(unknown):

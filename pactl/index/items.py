@@ -41,6 +41,9 @@ DECODE_CHUNK = 1 << 16  # rows decoded per slice of the blob when iterating
 FIX = "rebuild the bundle with `pactl index`"
 
 
+ID_MAX = 2**63 - 1  # ids are int64; a larger number names no item
+
+
 class Strings(Sequence[str]):
     """n strings as one UTF-8 blob (surrogateescape) and the end offset of each; a row is
     decoded when it is asked for, so a memory-mapped blob costs only the pages read."""

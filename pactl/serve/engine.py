@@ -21,6 +21,7 @@ import numpy as np
 
 from pactl.console import QUIET
 from pactl.fsutil import generation_of
+from pactl.index.items import ID_MAX
 from pactl.serve.config import ServeConfig
 
 
@@ -51,6 +52,8 @@ class Snapshot:
         return {key: int(value) for key, value in recorded.items() if value >= 0}
 
     def _position(self, item_id: int) -> int:
+        if not 0 <= item_id <= ID_MAX:  # no item has it (and int64 cannot hold some)
+            return -1
         wanted = np.array([item_id], dtype=np.int64)
         at = int(self.bundle.items.positions(wanted)[0])
         return -1 if at < 0 or self.bundle.is_deleted(wanted)[0] else at
