@@ -33,7 +33,7 @@ def source_items(
             raise PactlError(f"{path} has no images")
         labels = [f.relative_to(path).parts[0] if f.parent != path else "" for f in files]
         return files, labels
-    manifest = load_source(source, reporter, follow_links=follow_links)
+    manifest = load_source(source, reporter, follow_links=follow_links, splits=split is not None)
     if split:
         manifest = manifest.select(split)
         if not len(manifest):

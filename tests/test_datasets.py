@@ -74,12 +74,34 @@ def test_csv_with_and_without_split(tmp_path: Path) -> None:
         ("path,label\nC:\\data\\a.png,1\n", "leaves the manifest's folder"),
         ("path,label\n", "no rows"),
         ("path,label\na.png,\n", "empty label"),
+        ("path,label\na.png,1\nb.png,2\na.png,3\n", r"line 4: a.png again, with label '3'"),
+        ("path,label\na.png,1\nb.png,2\n", "only 2 classes: a class-disjoint"),
     ],
 )
 def test_bad_csv_is_one_clear_error(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "bad.csv").write_text(text)
     with pytest.raises(PactlError, match=message):
         read_manifest(tmp_path / "bad.csv")
+
+
+def test_a_csv_of_few_classes_is_read_unsplit_where_no_split_is_needed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Embedding and indexing use no split: a CSV of two classes, without a split column, is
+    embedded as a folder of them is (training still needs four classes for its split)."""
+    from conftest import run_cli
+
+    imgs = make_class_folder(tmp_path / "imgs", classes=2, per_class=2)
+    rows = [f"{p.relative_to(tmp_path)},{p.parent.name}" for p in sorted(imgs.rglob("*.png"))]
+    (tmp_path / "two.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    manifest = read_manifest(tmp_path / "two.csv", splits=False)
+    assert len(manifest) == 4 and set(manifest.splits) == {""}
+    monkeypatch.chdir(tmp_path)
+    model = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
+    code, _, err = run_cli(["embed", "two.csv", *model, "--out", "v", "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    code, _, err = run_cli(["train", "two.csv", *model, "--epochs", "1"], monkeypatch, capsys)
+    assert code == 1 and "only 2 classes" in err
 
 
 def test_duplicate_rows_are_counted_once(tmp_path: Path) -> None:

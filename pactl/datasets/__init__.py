@@ -30,19 +30,23 @@ __all__ = [
 ]
 
 
-def load_source(source: str, reporter: Reporter, *, follow_links: bool = False) -> Manifest:
+def load_source(
+    source: str, reporter: Reporter, *, follow_links: bool = False, splits: bool = True
+) -> Manifest:
     """A manifest from a dataset name, a folder (with or without manifest.csv) or a CSV file.
 
     Links leading outside a folder or a CSV's folder are skipped or refused unless
     `follow_links`; the catalog's own datasets are pactl's, and their links are followed.
+    With `splits` False, a CSV without a split column is read even when it has too few
+    classes for the default split (embedding uses none).
     """
-    manifest = _load(source, reporter, follow_links)
+    manifest = _load(source, reporter, follow_links, splits)
     if manifest.duplicates:
         reporter.log(f"{manifest.source}: dropped {manifest.duplicates} duplicate rows")
     return manifest
 
 
-def _load(source: str, reporter: Reporter, follow_links: bool) -> Manifest:
+def _load(source: str, reporter: Reporter, follow_links: bool, splits: bool) -> Manifest:
     if source in CATALOG:
         if not is_prepared(source):
             if not CATALOG[source].offline:
@@ -56,12 +60,12 @@ def _load(source: str, reporter: Reporter, follow_links: bool) -> Manifest:
     path = Path(source)
     if path.is_dir():
         if (path / "manifest.csv").is_file():
-            return read_manifest(path / "manifest.csv", follow_links=follow_links)
+            return read_manifest(path / "manifest.csv", follow_links=follow_links, splits=splits)
         return manifest_from_folder(path, follow_links=follow_links, reporter=reporter)
     if path.is_file():
         if path.suffix.lower() != ".csv":
             raise PactlError(f"{path} is not a CSV; give a dataset name, a folder or a .csv")
-        return read_manifest(path, follow_links=follow_links)
+        return read_manifest(path, follow_links=follow_links, splits=splits)
     raise PactlError(
         f"{source!r} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
         "nor an existing folder or CSV file"

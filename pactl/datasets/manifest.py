@@ -84,8 +84,11 @@ def write_manifest(path: Path, rows: Iterable[tuple[str, int, str, str]]) -> Non
     atomic_write_text(path, buffer.getvalue())
 
 
-def read_manifest(path: Path, *, follow_links: bool = False) -> Manifest:
+def read_manifest(path: Path, *, follow_links: bool = False, splits: bool = True) -> Manifest:
     """Read a manifest or a user CSV of `path,label[,split][,class_name]`.
+
+    Rows without a split get the class-disjoint default (split_by_class); with `splits`
+    False (embedding needs none) a CSV of fewer classes than that takes is read unsplit.
 
     A relative row whose path leaves the CSV's folder (`..`, or through a link leading
     outside) is refused; `follow_links` lets links lead anywhere. An absolute row is read as
@@ -108,7 +111,8 @@ def read_manifest(path: Path, *, follow_links: bool = False) -> Manifest:
     if not records:
         raise PactlError(f"{path} has a header but no rows")
     own = _inside(os.path.realpath(pactl_home()), os.path.realpath(path))
-    return _build(path.parent, records, source=str(path), check_links=not (follow_links or own))
+    checks = not (follow_links or own)
+    return _build(path.parent, records, source=str(path), check_links=checks, splits_needed=splits)
 
 
 def _read_utf8(path: Path) -> str:
@@ -131,15 +135,26 @@ def _read_utf8(path: Path) -> str:
         ) from None
 
 
-def _build(root: Path, records: list[dict[str, str]], source: str, check_links: bool) -> Manifest:
-    seen: set[str] = set()
+def _build(
+    root: Path,
+    records: list[dict[str, str]],
+    source: str,
+    check_links: bool,
+    splits_needed: bool = True,
+) -> Manifest:
+    seen: dict[str, str] = {}  # path -> its label
     paths, raw_labels, splits = [], [], []
     links = _LinkCheck(root, source) if check_links else None
     for line, r in enumerate(records, start=2):
         rel = _row_path(r["path"], source, line)
-        if rel in seen:
-            continue  # duplicate rows would count an image twice in every metric
-        seen.add(rel)
+        if rel in seen:  # a duplicate row would count an image twice in every metric
+            if seen[rel] != r["label"]:
+                raise PactlError(
+                    f"{source} line {line}: {rel} again, with label {r['label']!r} where an "
+                    f"earlier row has {seen[rel]!r}: give each image one label"
+                )
+            continue
+        seen[rel] = r["label"]
         if links is not None and not PurePosixPath(rel).is_absolute():
             links.check(rel, line)
         if not r["label"]:
@@ -154,7 +169,8 @@ def _build(root: Path, records: list[dict[str, str]], source: str, check_links: 
         splits.append(split)
     labels = _encode_labels(raw_labels)
     if all(not s for s in splits):
-        splits = split_by_class(labels)
+        if splits_needed or len(np.unique(labels)) >= MIN_CLASSES:
+            splits = split_by_class(labels)
     elif any(not s for s in splits):
         raise PactlError(f"{source}: some rows have a split and others do not")
     duplicates = len(records) - len(paths)
@@ -225,10 +241,13 @@ def _label_key(name: str) -> tuple[int, int, str]:
         return (1, 0, name)
 
 
+MIN_CLASSES = 4  # the default split: two classes at least on each side
+
+
 def split_by_class(labels: np.ndarray) -> list[str]:
     """The metric-learning split: the first half of the classes train, the rest test."""
     classes = np.unique(labels)
-    if len(classes) < 4:
+    if len(classes) < MIN_CLASSES:
         raise PactlError(
             f"only {len(classes)} classes: a class-disjoint train/test split needs at least 4"
         )
