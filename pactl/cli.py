@@ -988,6 +988,9 @@ def query(
     grid: Annotated[
         Path | None, typer.Option(help="Also draw the first 32 queries and their hits (PNG).")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the --grid file if it exists.")
+    ] = False,
     device: Device = "auto",
     faiss_device: SearchDevice = FaissDevice.auto,
     follow_links: FollowLinks = False,
@@ -1021,7 +1024,7 @@ def query(
 
     log = reporter(quiet)
     check_option("--device", device, TRAIN_RULES["device"])
-    check_query_io(images, grid)
+    check_query_io(images, grid, overwrite)
     check_query_format(images, fmt, paths_only, null)
     if server is not None:
         local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
@@ -1130,9 +1133,9 @@ def check_query_format(images: list[str], fmt: Format | None, paths_only: bool, 
         )
 
 
-def check_query_io(images: list[str], grid: Path | None) -> None:
+def check_query_io(images: list[str], grid: Path | None, overwrite: bool = False) -> None:
     """Before the bundle loads: a stdin to read for '-', a stdout for the hits, and a --grid
-    that can be written in the format its name says."""
+    that can be written in the format its name says, replacing a file only when asked."""
     if "-" in images and sys.stdin is None:
         raise UsageError("'-' reads image paths from standard input, which is closed")
     if sys.stdout is None:
@@ -1142,6 +1145,7 @@ def check_query_io(images: list[str], grid: Path | None) -> None:
 
         check_output(grid, "--grid", folder=False)
         check_image_path(grid)
+        check_new_file(grid, overwrite, "--grid")
 
 
 def stdin_paths(null: bool = False) -> Iterator[Path]:
@@ -1276,11 +1280,12 @@ def default_report(checkpoint: Path | None) -> Path:
     return run / "eval.csv" if run is not None else Path("eval.csv")
 
 
-def check_new_file(path: Path, overwrite: bool) -> None:
-    """An existing report is replaced only when asked: it may be the only record of a run."""
+def check_new_file(path: Path, overwrite: bool, option: str = "--report") -> None:
+    """An existing file is replaced only when asked: a report may be the only record of a run,
+    and a --grid named like an image may be one of the user's."""
     if os.path.lexists(path) and not overwrite:
         raise PactlError(
-            f"{path} exists; pass --overwrite to replace it, or --report PATH for another file"
+            f"{path} exists; pass --overwrite to replace it, or {option} PATH for another file"
         )
 
 

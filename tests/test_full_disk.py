@@ -95,7 +95,8 @@ def test_grid_and_report_on_a_full_disk(
     fill(full_disk)
     before = snapshot(full_disk)
     query = ["query", str(imgs / "class_0" / "0.png"), "--index", str(tmp_path / "b"), "--quiet"]
-    code, _, err = run_cli([*query, "--grid", str(full_disk / "grid.png")], monkeypatch, capsys)
+    grid = ["--grid", str(full_disk / "grid.png"), "--overwrite"]  # the previous one: replaced
+    code, _, err = run_cli([*query, *grid], monkeypatch, capsys)
     one_line_no_space(code, err)
     evaluate = ["eval", str(imgs), *MODEL, "--quiet", "--report", str(full_disk / "eval.csv")]
     code, _, err = run_cli(evaluate, monkeypatch, capsys)

@@ -333,6 +333,24 @@ def test_outputs_of_the_wrong_kind_are_refused_before_any_work(
     assert (vectors / "meta.json").read_text() == "{}"
 
 
+def test_a_grid_replaces_a_file_only_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--grid named like an existing image (one of the indexed ones, even) leaves it alone
+    without --overwrite, as eval --report does."""
+    bundle = tiny_bundle(tmp_path, monkeypatch, capsys)
+    image = tmp_path / "imgs" / "class_0" / "0.png"
+    before = image.read_bytes()
+    query = ["query", str(image), "--index", str(bundle), "--format", "csv", "-q"]
+    code, out, err = run_cli([*query, "--grid", str(image)], monkeypatch, capsys)
+    assert (code, out) == (1, "") and "exists; pass --overwrite" in one_error(err)
+    assert image.read_bytes() == before
+    code, out, err = run_cli([*query, "--grid", "g.png", "--overwrite"], monkeypatch, capsys)
+    assert code == 0 and (tmp_path / "g.png").stat().st_size > 0, err
+    code, _, err = run_cli([*query, "--grid", "g.png", "--overwrite"], monkeypatch, capsys)
+    assert code == 0, err
+
+
 @pytest.fixture
 def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     """A read-only tmpfs: writes fail with EROFS for root too (root ignores chmod 555)."""
