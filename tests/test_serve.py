@@ -263,6 +263,29 @@ def test_query_server_prints_what_local_prints(
     assert remote == local and len(local.splitlines()) >= 5 * 3
 
 
+def test_query_server_fits_requests_to_the_services_upload_limit(
+    served: Service, tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """The service takes 1 MiB a request: two images of 0.6 MB go in two requests and are both
+    answered; one of 1.3 MB is skipped here with why, and the rest are answered (the client
+    filled requests to its own fixed size, got a 413 mid-body, and stopped at 'cannot reach')."""
+    rng = np.random.default_rng(0)
+
+    def noise(name: str, side: int) -> str:
+        Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)).save(tmp_path / name)
+        return str(tmp_path / name)
+
+    first, second, big = noise("a.png", 450), noise("b.png", 450), noise("big.png", 660)
+    assert 550_000 < os.path.getsize(first) < 700_000 and os.path.getsize(big) > 2**20
+    images = [first, big, str(served.images[1]), second]
+    args = ["query", *images, "--k", "2", "--format", "csv", "--server", served.url]
+    code, out, err = run_cli([*args, "--token", TOKEN], monkeypatch, capsys)
+    assert code == 0, err
+    answered = [row.split(",")[0] for row in out.splitlines()[1:]]
+    assert sorted(set(answered)) == sorted([first, second, str(served.images[1])])
+    assert f"skipped query {big}: {os.path.getsize(big):,} bytes: over the service's" in err
+
+
 def test_query_server_refusals(served: Service, monkeypatch: Any, capsys: Any) -> None:
     image = str(served.images[0])
     code, _, err = run_cli(

@@ -189,6 +189,8 @@ def _reads(app: FastAPI) -> None:
             "forward_passes": engine.passes,
             "queries": engine.queries,
             "reloads": engine.reloads,
+            "max_upload_bytes": config.max_upload_bytes,  # what `query --server` fits under
+            "max_files": config.max_files,
         }
 
     @app.get("/items/{item_id}")

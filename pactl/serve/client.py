@@ -3,7 +3,8 @@ back into the QueryChunks the local query yields, so the CLI prints them the sam
 
 Standard library only (urllib): the client needs no extra. Each request carries up to
 `chunk` images (128, the local query's forward-pass size, so a service that is not busy embeds
-them in the same batch shapes and gives the same digits), and less than the upload limit.
+them in the same batch shapes and gives the same digits), and no more than the service's upload
+limits (GET /health says them); an image larger than the limit alone is skipped here, with why.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pactl.pipeline import QueryChunk
 from pactl.search import Hit
 
 CHUNK = 128
-CHUNK_BYTES = 16 * 1024 * 1024  # under the service's default upload limit of 20 MiB
+DEFAULT_LIMITS = (20 * 1024 * 1024, 128)  # bytes and files, where /health does not say them
+PART_BYTES = 256  # a multipart part's own lines, besides its data (and its name, in "names")
+FORM_BYTES = 4096  # the form's other fields and its closing boundary
 TIMEOUT_S = 300.0
 
 
@@ -39,7 +42,10 @@ def check_url(url: str) -> str:
 def remote_chunks(
     url: str, token: str | None, images: Iterable[Path], k: int, exclude_self: bool
 ) -> Iterator[QueryChunk]:
-    """Yield a QueryChunk per request; images that cannot be read here are failed here."""
+    """Yield a QueryChunk per request; images that cannot be read here, or that exceed the
+    service's upload limit alone, are failed here."""
+    limit, most = limits(url, token)
+    budget = limit - FORM_BYTES
     pending: list[tuple[str, bytes]] = []
     failed: list[tuple[str, str]] = []
     size = 0
@@ -50,13 +56,27 @@ def remote_chunks(
         except PactlError as e:
             failed.append((name, str(e)))
             continue
-        if pending and (len(pending) >= CHUNK or size + len(data) > CHUNK_BYTES):
+        cost = len(data) + PART_BYTES + 2 * len(os.path.abspath(name).encode())
+        if cost > budget:
+            failed.append((name, f"{len(data):,} bytes: over the service's upload limit"))
+            continue
+        if pending and (len(pending) >= min(CHUNK, most) or size + cost > budget):
             yield _ask(url, token, pending, failed, k, exclude_self)
             pending, failed, size = [], [], 0
         pending.append((name, data))
-        size += len(data)
+        size += cost
     if pending or failed:
         yield _ask(url, token, pending, failed, k, exclude_self)
+
+
+def limits(url: str, token: str | None) -> tuple[int, int]:
+    """The service's upload limits (bytes in a request, files in a request), from /health."""
+    request = urllib.request.Request(f"{url}/health", headers=_auth(token))
+    reply = _send(request, f"{url}/health")
+    got = (reply.get("max_upload_bytes"), reply.get("max_files"))
+    if all(isinstance(v, int) and v > 0 for v in got):
+        return int(got[0]), int(got[1])  # type: ignore[arg-type]
+    return DEFAULT_LIMITS  # a service from before it said them
 
 
 def read_image_bytes(path: Path) -> bytes:
@@ -112,11 +132,13 @@ def post_files(
     for n, (_, data) in enumerate(files):
         body += _part(boundary, f'name="files"; filename="{n}"', data)
     body += f"--{boundary}--\r\n".encode()
-    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", **_auth(token)}
     request = urllib.request.Request(url, data=bytes(body), headers=headers, method="POST")
     return _send(request, url)
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _part(boundary: str, disposition: str, data: bytes) -> bytes:
