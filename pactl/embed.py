@@ -400,6 +400,29 @@ def embed_files(
     return Embedded(vectors[:filled], rows[:filled], failed)
 
 
+def decode_files(files: Sequence[Path], model_config: ModelConfig) -> Any:
+    """`files` decoded and transformed as embed_files does, on this thread, as one Batch (its
+    failures listed with their reasons): a service decodes a request's images on the request's
+    own thread and leaves only the forward pass to the network's (embed_decoded)."""
+    cpu = torch.device("cpu")
+    loader = loader_for(files, None, model_config, max(1, len(files)), 0, cpu)
+    return next(iter(loader))
+
+
+def embed_decoded(
+    model: nn.Module, images: torch.Tensor, model_config: ModelConfig, device: torch.device
+) -> np.ndarray:
+    """The vectors of images from decode_files, in one forward pass: those embed_files gives
+    for the same images in one batch without preparing the network (as `pactl query` embeds a
+    few images)."""
+    with torch.inference_mode(False):
+        forward = inference_model(model, model_config, device, freeze=False)
+    with torch.inference_mode():
+        x = images.to(device).contiguous(memory_format=torch.channels_last)
+        with autocast(device, "none"):
+            return np.asarray(forward(x).float().cpu().numpy(), dtype=np.float32)
+
+
 def _on_device(
     batch: Any, device: torch.device, decoder: GpuJpegDecoder | None
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, str]]]:

@@ -286,6 +286,30 @@ def test_query_server_fits_requests_to_the_services_upload_limit(
     assert f"skipped query {big}: {os.path.getsize(big):,} bytes: over the service's" in err
 
 
+def test_the_network_thread_only_runs_the_forward_pass(tmp_path: Path) -> None:
+    """Requests decode their images on their own threads (embed.decode_files) before the
+    batcher: a pass takes decoded pictures and reads no file, so a large image being decoded
+    holds up no other request's forward pass. Its answers are those of the files."""
+    from pactl.embed import decode_files
+    from pactl.serve.config import ServeConfig
+    from pactl.serve.engine import Engine, Job
+
+    build_bundle(tmp_path)
+    engine = Engine(ServeConfig(bundle=tmp_path / "bundle"))
+    files = sorted((tmp_path / "imgs").rglob("*.png"))[:3]
+    decoded = decode_files([*files, tmp_path / "none.png"], engine.model_cfg)
+    assert len(decoded) == 3 and decoded.failed[0][0] == 3
+    names = ["a", "b", "c", "d"]
+    gone = [tmp_path / "moved" / f"{n}.png" for n in names]  # no file is there to read
+    job = Job(gone, names, [None] * 4, 3, False, decoded=decoded)
+    answer = engine.answer([job])[0]
+    assert [name for name, _ in answer.results] == names[:3] and answer.skipped[0][0] == "d"
+    again = Job(
+        files, names[:3], [None] * 3, 3, False, decoded=decode_files(files, engine.model_cfg)
+    )
+    assert engine.answer([again])[0].results == answer.results
+
+
 def test_query_server_refusals(served: Service, monkeypatch: Any, capsys: Any) -> None:
     image = str(served.images[0])
     code, _, err = run_cli(

@@ -31,11 +31,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pactl import __version__
 from pactl.config import MAX_K
+from pactl.embed import decode_files
 from pactl.errors import Busy, PactlError
 from pactl.serve.config import PUBLIC_PATHS, ServeConfig
 from pactl.serve.engine import Answer, Batcher, Engine, Job
 from pactl.serve.uploads import check_allowed, store_for_add, write_scratch
 
+DECODERS = max(2, min(4, os.cpu_count() or 1))  # requests decoding their images at once
 STATIC = {  # URL path -> (file in pactl/static, media type): nothing else is ever served
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -266,6 +268,9 @@ def _queries(app: FastAPI) -> None:
     engine: Engine = app.state.engine
     config: ServeConfig = app.state.config
     batcher: Batcher = app.state.batcher
+    # Requests decode their own images, beside the network's thread; this many at once, so
+    # a burst of large images takes a bounded share of memory and cores.
+    decoding = asyncio.Semaphore(DECODERS)
 
     @app.post("/query", openapi_extra=UPLOAD_BODY)
     async def query(
@@ -305,6 +310,8 @@ def _queries(app: FastAPI) -> None:
                 job.files.append(check_allowed(wanted, config.allow_roots))
                 job.names.append(wanted)
                 job.own.append(os.path.abspath(wanted))
+            async with decoding:
+                job.decoded = await run_in_threadpool(decode_files, job.files, engine.model_cfg)
             answer = await batcher.submit(job)
         return _answer_response(answer, k)
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from pactl.console import QUIET
 from pactl.fsutil import generation_of
 from pactl.index.items import ID_MAX
 from pactl.serve.config import ServeConfig
@@ -69,6 +68,7 @@ class Job:
     k: int
     exclude_self: bool
     future: asyncio.Future[Answer] | None = None
+    decoded: Any = None  # the files as embed.decode_files gives them, decoded before batching
 
 
 @dataclass
@@ -119,29 +119,34 @@ class Engine:
         self.reloads += 1
 
     def answer(self, jobs: list[Job]) -> list[Answer]:
-        """Embed every job's images in one pass, then search each job with its own k."""
-        from pactl.embed import embed_files
+        """Embed every job's decoded images in one forward pass (decoding was done on each
+        request's own thread), then search each job with its own k."""
+        import torch
+
+        from pactl.embed import embed_decoded
 
         snapshot = self.fresh()
-        files = [f for job in jobs for f in job.files]
-        done = embed_files(
-            self.model,
-            files,
-            self.model_cfg,
-            self.device,
-            QUIET,
-            batch_size=max(1, len(files)),
-            prepare=False,  # as `pactl query` embeds a few images: the same vectors
-        )
+        row_of: dict[int, int] = {}  # position among all the jobs' files -> row of `vectors`
+        reasons: dict[int, str] = {}
+        pictures, start = [], 0
+        for job in jobs:
+            batch = job.decoded
+            for index in batch.indices.tolist():
+                row_of[start + index] = len(row_of)
+            reasons.update((start + index, why) for index, why in batch.failed)
+            if len(batch):
+                pictures.append(batch.images)
+            start += len(job.files)
+        vectors = np.empty((0, 0), dtype=np.float32)
+        if pictures:
+            vectors = embed_decoded(self.model, torch.cat(pictures), self.model_cfg, self.device)
         self.passes += 1
-        self.queries += len(files)
-        row_of = {int(position): row for row, position in enumerate(done.rows.tolist())}
-        reasons = dict(done.failed)
+        self.queries += start
         answers, start = [], 0
         for job in jobs:
             positions = range(start, start + len(job.files))
             start += len(job.files)
-            answers.append(self._search(snapshot, job, positions, row_of, reasons, done.vectors))
+            answers.append(self._search(snapshot, job, positions, row_of, reasons, vectors))
         return answers
 
     def _search(
