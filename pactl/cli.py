@@ -339,7 +339,7 @@ def train(
             max=0.9,
             help="Share of the train classes held out as validation classes that choose "
             "best.pt (default 0.15 for your own data; 0: none, best.pt is the last epoch). "
-            "Paper presets keep the paper's protocol (best test Recall@1).",
+            "Presets keep their own choice (the paper's: best test Recall@1) unless given.",
         ),
     ] = None,
     augment: Annotated[
@@ -476,6 +476,9 @@ def train(
             follow_links=follow_links,
         )
         why = [f"settings: {chosen.source}"]
+        if val_classes and cfg.selection != "val":  # classes held out are there to choose
+            cfg = override(cfg, selection="val")
+            why.append("best.pt chosen by the validation classes --val-classes holds out")
         if model_cfg.weights == "none":  # the preset's freezing and warm-up are for its weights
             if freeze_bn is None and cfg.freeze_bn:
                 cfg = override(cfg, freeze_bn=False)

@@ -123,6 +123,13 @@ def test_paper_presets_keep_the_paper_protocol(
         assert code == 0
         assert (shown["selection"], shown["val_classes"], shown["epochs"]) == ("test", 0.0, 60)
         assert shown["amp"] == "none"  # the paper trains in float32
+    # classes held out on request are there to choose best.pt, whatever the preset chose
+    for name in ("cars196", "digits"):
+        args = ["train", name, "--val-classes", "0.2", "--print-config"]
+        code, out, _ = run_cli(args, monkeypatch, capsys)
+        shown = json.loads(out)
+        assert code == 0 and shown["train"]["selection"] == "val", name
+        assert any("--val-classes" in line for line in shown["why"])
 
 
 def test_user_data_on_a_cpu_gets_the_cpu_recipe(
