@@ -70,7 +70,8 @@ def build_timm(name: str, weights: str) -> Backbone:
         reason = "not cached, and the hub is unreachable" if not reachable else str(e)
         raise PactlError(
             f"cannot fetch the ImageNet weights of timm:{name} ({reason.splitlines()[0][:100]}): "
-            f"download them by hand{where} and pass --weights PATH, or use --weights none"
+            f"download them by hand{where} and pass --weights PATH, or use --weights none "
+            "(random weights: see 'From scratch' in docs/training.md)"
         ) from None
     except (AssertionError, RuntimeError, ValueError) as e:  # timm checks options by assert
         raise PactlError(f"timm cannot build {name} without its classifier: {e}") from None
