@@ -230,14 +230,14 @@ def retrieval_grid(
     is framed green when its label equals the query's, red when not, grey when unknown.
     """
     fmt = check_image_path(out)
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
 
     cell = thumb + 2 * border
     columns = 1 + max((len(hits) for _, _, hits in rows), default=0)
     height = max(len(rows), 1) * (cell + CAPTION_HEIGHT)
     sheet = Image.new("RGB", (columns * cell, height), "white")
     draw = ImageDraw.Draw(sheet)
-    draw.font = ImageFont.load_default(size=CAPTION_FONT)
+    draw.font = caption_font(CAPTION_FONT)
     for r, (query, label, hits) in enumerate(rows):
         y = r * (cell + CAPTION_HEIGHT)
         _tile(sheet, draw, query, (0, y), thumb, border, QUERY_FRAME, (label, None))
@@ -245,6 +245,20 @@ def retrieval_grid(
             frame = GREY if label is None else GREEN if hit_label == label else RED
             _tile(sheet, draw, path, (c * cell, y), thumb, border, frame, (hit_label, score))
     save_image(sheet, out, fmt)
+
+
+def caption_font(size: int) -> Any:
+    """DejaVu Sans, which matplotlib ships (labels in Greek, Cyrillic or accented Latin are
+    drawn, where Pillow's own font draws boxes), else Pillow's default."""
+    from PIL import ImageFont
+
+    try:
+        import matplotlib
+
+        path = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+        return ImageFont.truetype(str(path), size)
+    except (ImportError, OSError):
+        return ImageFont.load_default(size=size)
 
 
 def _tile(

@@ -229,3 +229,15 @@ def test_curves_without_map_columns_have_two_panels(tmp_path: Path) -> None:
     fig = report.curves_figure(report.read_metrics(path), "r", "test")
     assert len(fig.axes) == 2
     assert marker_x(fig, "best-epoch") == [1, 1]
+
+
+def test_grid_captions_draw_labels_beyond_ascii() -> None:
+    """A label such as 'lettre É' or 'Ζeta' is drawn with its letters, not as the boxes of a
+    font without them (each compared with the glyph of a code point no font has)."""
+    font = report.caption_font(report.CAPTION_FONT)
+
+    def glyph(char: str) -> bytes:
+        return bytes(font.getmask(char))
+
+    missing = glyph("\U000f0000")  # private use: drawn as the font's 'no glyph' box
+    assert all(glyph(c) != missing for c in "AÉΖж")

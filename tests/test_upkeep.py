@@ -338,6 +338,7 @@ def test_the_items_compacted_away_are_carried_through_every_write(
     compact_bundle(bundle_dir)  # a second compaction adds its own
     bundle = load_bundle(bundle_dir)
     assert bundle.removed.ids.tolist() == [3, 7, 11] and bundle.live_count == N - 2
+    assert bundle.meta["ntotal"] == bundle.index.ntotal == N - 2  # meta.json follows every write
     assert rebuild_facts(bundle_dir).gone == {f"/photos/{i}.png" for i in (3, 7, 11)}
     # removed.bin is one of the generation's files: one cut short is refused, not half-read
     with open(bundle_dir / REMOVED_FILE, "r+b") as f:

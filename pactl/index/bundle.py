@@ -184,6 +184,7 @@ def _write_meta(
     on_disk = (gen / IVFDATA_FILE).is_file()
     derived = {
         "dimension": dimension,
+        "ntotal": len(items),  # vectors in the index, tombstones included (items match them)
         "count": len(items) - len(dead),
         "deleted": len(dead),
         "next_id": max(int(meta.get("next_id", 0)), items.max_id() + 1),
