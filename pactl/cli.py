@@ -1451,7 +1451,9 @@ def with_preprocessing(config: ModelConfig) -> ModelConfig:
 
 
 def describe_backbone(config: ModelConfig) -> str:
-    return f"{config.backbone} ({config.weights} weights, no training)"
+    from pactl.config import weights_words
+
+    return f"{config.backbone} ({weights_words(config.weights)}, no training)"
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

@@ -391,3 +391,10 @@ def read_config(cls: type[C], data: Any, where: str) -> C:
     if not isinstance(data, dict):
         raise PactlError(f"{where} should be a mapping of settings, not {type(data).__name__}")
     return check(from_dict(cls, data), lambda name: f"{where}.{name}")
+
+
+def weights_words(weights: str) -> str:
+    """How a line names `--weights`: ImageNet weights, random weights, or the file."""
+    return {"imagenet": "ImageNet weights", "none": "random weights"}.get(
+        weights, f"weights {weights}"
+    )

@@ -314,10 +314,11 @@ def _add_locked(
             "since: left out (a changed file, e.g. touched, is added again)"
         )
     if not new:
-        reporter.log(f"every image of {source} is already in {bundle_dir}, unchanged")
+        some = "every other image" if kept_out else "every image"
+        reporter.log(f"{some} of {source} is already in {bundle_dir}, unchanged")
         return {"added": 0, "replaced": 0, "count": bundle.live_count}
     if changed:
-        reporter.log(f"replacing {counted(len(changed), 'image')} changed since they were indexed")
+        reporter.log(f"replacing {counted(len(changed), 'changed image')}")
     scratch = bundle_dir / ".add"
     first = bundle.next_id
     ids = np.arange(first, first + len(new), dtype=np.int64)

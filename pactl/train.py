@@ -22,8 +22,8 @@ from torch import nn
 
 from pactl import __version__
 from pactl import checkpoint as ckpt
-from pactl.config import ModelConfig, TrainConfig, read_config, to_dict
-from pactl.console import Reporter
+from pactl.config import ModelConfig, TrainConfig, read_config, to_dict, weights_words
+from pactl.console import Reporter, counted
 from pactl.datasets import Manifest
 from pactl.distributed import World, barrier, gather_batch, init_world, share_sizes
 from pactl.embed import autocast, embed_files, loader_for, resolve_device
@@ -669,8 +669,8 @@ def describe_recipe(model_cfg: ModelConfig, cfg: TrainConfig, splits: Splits) ->
     amp = "" if cfg.amp == "none" else f", amp {cfg.amp}"
     size = f"{model_cfg.image_size} px"
     parts = [
-        f"recipe: {model_cfg.backbone} ({model_cfg.weights} weights) at {size}",
-        f"dim {model_cfg.embedding_dim}, {cfg.epochs} epochs of batch {cfg.batch_size}",
+        f"recipe: {model_cfg.backbone} ({weights_words(model_cfg.weights)}) at {size}",
+        f"dim {model_cfg.embedding_dim}, {counted(cfg.epochs, 'epoch')} of batch {cfg.batch_size}",
         f"lr {cfg.lr:g} (x{cfg.proxy_lr_mult:g} proxies), BatchNorm {bn}{amp}",
         f"{_count(splits.train)} train, {_count(splits.val)} val, {_count(splits.test)} test",
         f"best.pt chosen by {_SELECTION[cfg.selection]}",

@@ -77,7 +77,7 @@ def test_validation_chooses_best_pt(
     assert best["epoch"] == chosen
     assert best["metrics"]["val_recall@1"] == pytest.approx(val[chosen][0], abs=1e-5)
     assert f"best epoch {chosen} (by validation Recall@1, then MAP@R)" in out
-    assert "recipe: small (none weights) at 16 px" in err
+    assert "recipe: small (random weights) at 16 px" in err
     assert "best.pt chosen by validation Recall@1" in err and "per epoch" in err
     config = json.loads((run / "config.json").read_text())
     assert config["train_config"]["selection"] == "val"
@@ -305,7 +305,7 @@ def test_backbone_baseline_eval_matches_brute_force(
     assert float(shown["recall@2"]) == pytest.approx(same[:, :2].any(axis=1).mean(), abs=1e-4)
     with open(tmp_path / "r.csv", newline="") as f:
         (report,) = list(csv.DictReader(f))  # the comma in the description is quoted
-    assert report["checkpoint"] == f"small ({weights} weights, no training)"
+    assert report["checkpoint"] == f"small (weights {weights}, no training)"
     assert float(report["recall@1"]) == pytest.approx(same[:, 0].mean(), abs=1e-4)
 
 

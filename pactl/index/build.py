@@ -14,7 +14,7 @@ import faiss
 import numpy as np
 
 from pactl.config import IndexConfig
-from pactl.console import Reporter
+from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 from pactl.search import exclude_by_id
 
@@ -154,7 +154,7 @@ def build_index(
     tuning = tune(index, [(x, item_ids)], config.target_recall, rng, reporter, gpus)
     seconds = time.perf_counter() - started
     where = f" on {gpus} GPU(s)" if gpus else ""
-    reporter.log(f"built {factory} over {n:,} vectors in {seconds:.1f} s{where}")
+    reporter.log(f"built {factory} over {counted(n, 'vector')} in {seconds:.1f} s{where}")
     record = {"factory": factory, **tuning, "ntotal": int(index.ntotal)}
     return index, {
         **record,

@@ -18,7 +18,7 @@ import faiss
 import numpy as np
 
 from pactl import __version__, records
-from pactl.console import QUIET, Reporter, counted
+from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.fsutil import (
     _link_names,
@@ -331,8 +331,7 @@ def delete_items(
                     _link_or_copy(gen_now / name, gen / name)
             metric = meta.get("metric", "ip")
             _write_meta(gen, meta, meta["dimension"], metric, items, np.union1d(dead, fresh))
-        (reporter or QUIET).log(f"deleted {counted(len(fresh), 'item')} from {bundle_dir}")
-        return len(fresh)
+        return len(fresh)  # the caller says it: `pactl index --delete` prints it as its result
 
 
 def _tidy(bundle_dir: Path) -> None:
@@ -405,7 +404,6 @@ def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[s
                     " rebuild it from the vectors folder with `pactl index VECTORS`"
                 )
             write_bundle(gen, index, items, bundle.meta, removed=removed)
-        log.log(f"removed {counted(len(dead), 'deleted item')} from {bundle_dir} ({method})")
         return {"removed": len(dead), "count": len(items), "method": method}
 
 

@@ -17,7 +17,7 @@ import faiss
 import numpy as np
 
 from pactl.config import IndexConfig
-from pactl.console import Reporter
+from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 from pactl.index.build import (
     Part,
@@ -97,7 +97,10 @@ def build_ondisk_index(
         shutil.rmtree(scratch, ignore_errors=True)
     tuning = tune(index, parts, config.target_recall, rng, reporter)
     seconds = time.perf_counter() - started
-    reporter.log(f"built {factory} over {n:,} vectors of {len(parts)} shards in {seconds:.1f} s")
+    reporter.log(
+        f"built {factory} over {counted(n, 'vector')} of {counted(len(parts), 'shard')} in "
+        f"{seconds:.1f} s"
+    )
     record = {"factory": factory, **tuning, "ntotal": int(index.ntotal), "on_disk": True}
     return index, {
         **record,
