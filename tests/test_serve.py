@@ -646,9 +646,11 @@ def test_add_then_delete_through_the_api(served: Service) -> None:
             "/add", files=[("file", ("new.png", data, "image/png"))], data={"label": "fresh"}
         )
         assert added.status_code == 200, added.text
-        again = client.post("/add", files=[("file", ("new.png", data, "image/png"))])
+        again = client.post("/add", files=[("file", ("новый é.png", data, "image/png"))])
         body, second = added.json(), again.json()
         assert body["added"] == 1 and second["count"] == count + 2
+        assert Path(second["paths"][0]).name == "000-новый_é.png"  # letters kept, space made _
+        assert os.path.isabs(second["paths"][0])
         (new_id,) = body["ids"]
         (path,) = body["paths"]
         assert second["paths"][0] != path and Path(path).read_bytes() == data  # never replaced

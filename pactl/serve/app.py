@@ -373,7 +373,7 @@ def _writes(app: FastAPI) -> None:
             shutil.rmtree(stored, ignore_errors=True)
             raise
         snapshot = await run_in_threadpool(engine.fresh)
-        added = sorted(str(p) for p in stored.rglob("*") if p.is_file())
+        added = sorted(os.path.abspath(p) for p in stored.rglob("*") if p.is_file())
         ids = snapshot.lookup.ids(added).tolist()
         return {"added": done["added"], "count": done["count"], "ids": ids, "paths": added}
 

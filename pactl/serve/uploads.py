@@ -16,7 +16,8 @@ from fastapi import HTTPException
 from pactl.datasets.manifest import IMAGE_EXTENSIONS
 from pactl.fsutil import make_folder
 
-SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+SAFE = re.compile(r"[^\w.-]+")  # letters and digits of any script are kept
+NAME_BYTES = 150  # of a kept name's end, in UTF-8: well inside a file system's 255
 FORMAT_SUFFIX = {"JPEG": ".jpg", "PNG": ".png", "GIF": ".gif", "BMP": ".bmp", "WEBP": ".webp"}
 
 
@@ -72,8 +73,12 @@ def check_label(label: str) -> None:
 
 
 def _safe_name(filename: str, n: int) -> str:
-    """`<n>-<name>`: the upload's base name in plain characters, with an image suffix."""
-    base = SAFE.sub("_", os.path.basename(filename.replace("\\", "/")))[-80:].lstrip(".")
+    """`<n>-<name>`: the upload's base name, its letters and digits kept (of any script) and
+    anything else made `_`, with an image suffix."""
+    base = SAFE.sub("_", os.path.basename(filename.replace("\\", "/")))
+    while len(base.encode()) > NAME_BYTES:  # the end holds the suffix: cut from the front
+        base = base[1:]
+    base = base.lstrip(".")
     stem, suffix = os.path.splitext(base or "upload")
     if suffix.lower() not in IMAGE_EXTENSIONS:
         stem, suffix = stem + suffix.replace(".", "_"), ".img"
