@@ -506,6 +506,19 @@ def read_previous(out_dir: Path, fingerprint: str) -> Previous | None:
         return None  # nothing usable: everything is embedded again
 
 
+def other_network(out_dir: Path, fingerprint: str) -> str | None:
+    """The fingerprint of the network the folder's vectors came from, when another one."""
+
+    def read(folder: Path) -> str | None:
+        found = json.loads((folder / "meta.json").read_text(encoding="utf-8")).get("fingerprint")
+        return str(found) if found and found != fingerprint else None
+
+    try:
+        return read_current(out_dir, read)
+    except (PactlError, OSError, ValueError, AttributeError):
+        return None
+
+
 def file_stats(files: Sequence[Path]) -> list[tuple[int, int]]:
     stats = []
     for f in files:
@@ -588,6 +601,12 @@ def embed_to_folder(
     meta: dict[str, Any] | None = None
     with new_generation(out_dir, VECTORS_FILES, links=not scratch) as gen:
         previous = read_previous(out_dir, network.fingerprint)
+        other = other_network(out_dir, network.fingerprint) if previous is None else None
+        if other:
+            reporter.log(
+                f"the vectors in {out_dir} come from another network (fingerprint {other[:12]}):"
+                " embedding every image again"
+            )
         job = plan(files, ids, stats, previous)
         todo = np.flatnonzero(job.reuse < 0)
         if previous is not None and not len(todo) and len(previous.rows) == len(files):

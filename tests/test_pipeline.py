@@ -249,6 +249,12 @@ def test_reembed_only_new_or_changed_files(
     )
     code, out, err = run_cli([*embed[:-1]], monkeypatch, capsys)  # not quiet: says why
     assert code == 0 and "up to date" in err
+    # another network into the same folder: every image again, and a line says why
+    other = ["embed", "imgs", "--backbone", "small", "--weights", "none", "--out", "vec"]
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(other, monkeypatch, capsys)
+    assert code == 0 and "come from another network" in err, err
+    assert json.loads((tmp_path / "vec" / "meta.json").read_text())["reused"] == 0
 
 
 def test_shards_merge_to_the_same_index_and_add_appends(
