@@ -33,7 +33,7 @@ from pactl.config import (
     override,
     preset_for,
 )
-from pactl.console import Reporter, counted, err, literal, out
+from pactl.console import Reporter, counted, err, literal, out, quoted
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
 
@@ -143,7 +143,7 @@ def option_name(field: str) -> str:
 def check_option(option: str, value: Any, rule: Rule) -> None:
     """A plain option value (not part of a config) in its range: a usage error naming it."""
     if value is not None and not rule.ok(value):
-        raise UsageError(f"{option} must be {rule.wants} (got {value!r:.40})")
+        raise UsageError(f"{option} must be {rule.wants} (got {quoted(value, 40)})")
 
 
 class Amp(str, Enum):
@@ -261,7 +261,9 @@ def check_dataset(name: str) -> None:
     from pactl.datasets import CATALOG
 
     if name not in CATALOG:
-        raise UsageError(f"unknown dataset {name!r}; known datasets: {', '.join(sorted(CATALOG))}")
+        raise UsageError(
+            f"unknown dataset {quoted(name)}; known datasets: {', '.join(sorted(CATALOG))}"
+        )
 
 
 def check_source(source: str) -> None:
@@ -271,7 +273,7 @@ def check_source(source: str) -> None:
 
     if source not in CATALOG and not os.path.lexists(source):
         raise UsageError(
-            f"{source!r} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
+            f"{quoted(source)} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
             "nor an existing folder or CSV file"
         )
 
@@ -434,7 +436,7 @@ def train(
             raise UsageError("give a dataset name, folder or CSV to train on (or --resume)")
         check_source(source)
         if preset and preset not in PRESETS:
-            raise UsageError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+            raise UsageError(f"unknown preset {quoted(preset)}; choose one of {', '.join(PRESETS)}")
         chosen = preset_for(source, preset, resolve_device(device or "auto").type)
         model_cfg = override(
             chosen.model,
@@ -582,7 +584,7 @@ def check_run_name(name: str) -> None:
     )
     if not plain:
         raise UsageError(
-            f"--name {name!r:.80} must be one plain folder name under {runs_dir()}: no '/', "
+            f"--name {quoted(name)} must be one plain folder name under {runs_dir()}: no '/', "
             "'\\', '.', '..' or control characters"
         )
 
@@ -1460,9 +1462,9 @@ def parse_ks(text: str) -> tuple[int, ...]:
     try:
         ks = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise UsageError(f"--ks takes integers separated by commas (got {text!r})") from None
+        raise UsageError(f"--ks takes integers separated by commas (got {quoted(text)})") from None
     if not ks or min(ks) < 1 or max(ks) > MAX_K:
-        raise UsageError(f"--ks needs integers from 1 to {MAX_K:,} (got {text!r:.40})")
+        raise UsageError(f"--ks needs integers from 1 to {MAX_K:,} (got {quoted(text, 40)})")
     return ks
 
 

@@ -87,6 +87,13 @@ def _escape(char: str) -> str:
     return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
+def quoted(value: object, most: int = 80) -> str:
+    """A user's string in quotes for a message, cut to `most` characters; not repr(), whose
+    own escapes visible() would escape again (a newline would show as `\\n`)."""
+    text = str(value)
+    return f"'{text[:most]}'" + ("..." if len(text) > most else "")
+
+
 def literal(message: str) -> Text:
     """A message for console.print() shown exactly as written: no markup, no :emoji: codes, no
     highlighting, and control characters made visible(). For any line that holds a path, label

@@ -65,6 +65,8 @@ def test_run_name_must_be_one_plain_folder_name(
     code, out, err = run_cli([*args, "--overwrite", "--quiet"], monkeypatch, capsys)
     assert code == 2 and out == ""
     assert "--name" in one_error(err)
+    if name == "tab\there":  # the tab shown as one escape, not repr's escaped once more
+        assert "--name 'tab\\there' must" in err, err
     assert (tmp_path / "sentinel.txt").read_text() == "keep me"  # runs/.. was not removed
     assert not outside.exists() and list((tmp_path / "runs").iterdir()) == []
 
