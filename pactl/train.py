@@ -606,7 +606,9 @@ def evaluate_start(
     if t.world.is_main:
         state["start"] = state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
         record_epoch(t, run_dir, row, columns, classes, state, reporter)
-        reporter.log(f"about {estimate} per epoch (one timed step, and evaluation)")
+        reporter.log(
+            f"about {estimate} per epoch (one timed step with its decoding, and evaluation)"
+        )
     barrier(t.world)
 
 
@@ -699,10 +701,16 @@ def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) ->
 
 
 def estimate_epoch(t: Trainer, train: Manifest, num_classes: int, eval_seconds: float) -> str:
-    """A training epoch's duration from one timed step (forward and backward on a batch of
-    training images; BatchNorm statistics restored, no optimiser step) plus evaluation."""
+    """A training epoch's duration from one timed step (decoding and augmenting a batch of
+    training images, as the workers share it, then forward and backward; BatchNorm statistics
+    restored, no optimiser step) plus evaluation."""
     files = train.files()[: t.cfg.batch_size // t.world.size]
-    batch = next(iter(loader_for(files, None, t.model_cfg, len(files), 0, t.device)))
+    began = time.perf_counter()
+    loader = loader_for(
+        files, None, t.model_cfg, len(files), 0, t.device, train=True, augment=t.cfg.augment
+    )
+    batch = next(iter(loader))
+    decoding = time.perf_counter() - began
     if len(batch.indices) < 2:
         return "? s"
     buffers = {k: v.clone() for k, v in t.net.named_buffers()}
@@ -716,6 +724,9 @@ def estimate_epoch(t: Trainer, train: Manifest, num_classes: int, eval_seconds: 
         embeddings = t.net(images)
     t.criterion(embeddings, labels).backward()
     step = time.perf_counter() - began
+    # Workers decode the next batches while the network steps; without them, one after the other.
+    workers = t.cfg.workers
+    step = max(step, decoding / workers) if workers else step + decoding
     t.optimizer.zero_grad(set_to_none=True)
     t.criterion.zero_grad(set_to_none=True)
     with torch.no_grad():
