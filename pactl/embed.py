@@ -404,8 +404,11 @@ def decode_files(files: Sequence[Path], model_config: ModelConfig) -> Any:
     """`files` decoded and transformed as embed_files does, on this thread, as one Batch (its
     failures listed with their reasons): a service decodes a request's images on the request's
     own thread and leaves only the forward pass to the network's (embed_decoded)."""
-    cpu = torch.device("cpu")
-    loader = loader_for(files, None, model_config, max(1, len(files)), 0, cpu)
+    from pactl.images import collate
+
+    if not files:
+        return collate([])
+    loader = loader_for(files, None, model_config, len(files), 0, torch.device("cpu"))
     return next(iter(loader))
 
 
