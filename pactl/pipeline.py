@@ -359,9 +359,8 @@ def _to_embed(
     mtime_ns differs from what it recorded (unknown in older bundles: taken as unchanged); for
     the changed ones, their path -> the id of the live item they replace; and how many files
     were left out because they were deleted from the bundle (or compacted away) and are
-    unchanged since (a sweep
-    of the source folder does not bring back what was deleted; a changed file is new content
-    and is added). Files gone from the source stay in the bundle."""
+    unchanged since (a sweep of the source folder does not bring back what was deleted; a
+    changed file is new content and is added). Files gone from the source stay in the bundle."""
     items, removed = bundle.items, bundle.removed
     dead = bundle.is_deleted(items.ids).tolist()
     known: dict[str, int] = {}
