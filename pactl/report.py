@@ -121,14 +121,14 @@ def run_selection(run_dir: Path, columns: set[str]) -> str:
 
 
 def best_epoch(rows: Sequence[dict[str, float]], selection: str) -> int | None:
-    """The epoch best.pt holds, chosen as training chose it: the first epoch with the highest
-    selection_score, or the last epoch for `last`. None when nothing scored."""
+    """The epoch best.pt holds, chosen as training chose it: the last epoch with the highest
+    selection_score (the last epoch for `last`). None when nothing scored."""
     if selection not in SELECTION_NAMES:
         raise ValueError(f"selection must be one of {', '.join(SELECTION_NAMES)}: {selection!r}")
     scored = [(score, r) for r in rows if (score := selection_score(r, selection)) is not None]
     if not scored:
         return None
-    return int(max(scored, key=lambda sr: (sr[0], -sr[1]["epoch"]))[1]["epoch"])
+    return int(max(scored, key=lambda sr: (sr[0], sr[1]["epoch"]))[1]["epoch"])
 
 
 def zoom(values: Sequence[float]) -> tuple[float, float]:

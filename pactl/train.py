@@ -609,6 +609,12 @@ def evaluate_start(
         reporter.log(
             f"about {estimate} per epoch (one timed step with its decoding, and evaluation)"
         )
+        if row.get("val_recall@1") == 1.0 and row.get("val_map@r") == 1.0:
+            reporter.warn(
+                "the validation classes are all retrieved before training (Recall@1 and MAP@R "
+                "1.0): they cannot tell epochs apart, so best.pt follows the last epoch; hold "
+                "out more classes with --val-classes"
+            )
     barrier(t.world)
 
 
@@ -769,7 +775,8 @@ def record_epoch(
     score = selection_score(row, t.cfg.selection)
     best = state["best"]
     with writing_in(run_dir):
-        if score is not None and score > (best.get("score", -1.0), best.get("then", -1.0)):
+        # A tie goes to the later epoch: no worse by validation, and trained longer.
+        if score is not None and score >= (best.get("score", -1.0), best.get("then", -1.0)):
             state["best"] = {
                 "epoch": epoch,
                 "metrics": state["last"],

@@ -146,7 +146,7 @@ def test_an_unknown_extension_is_refused_before_any_work(
 
 def write_metrics(path: Path, with_val: bool) -> None:
     """metrics.csv as training writes it: test Recall@1 peaks at epoch 5, validation Recall@1
-    at epoch 3 (first of a tie with epoch 6); epoch 4 was not evaluated (--eval-every)."""
+    at epochs 3 and 6 (a tie: the later); epoch 4 was not evaluated (--eval-every)."""
     from pactl.config import TrainConfig
     from pactl.train import append_metrics, metric_columns
 
@@ -175,7 +175,7 @@ def marker_x(fig: Figure, gid: str) -> list[float]:
 
 
 @pytest.mark.parametrize(
-    ("with_val", "selection", "best"), [(True, "val", 3), (False, "test", 5), (True, "last", 6)]
+    ("with_val", "selection", "best"), [(True, "val", 6), (False, "test", 5), (True, "last", 6)]
 )
 def test_curves_mark_the_epoch_best_pt_came_from(
     tmp_path: Path, with_val: bool, selection: str, best: int
@@ -217,7 +217,7 @@ def test_plot_curves_takes_the_selection_and_name_from_the_run(tmp_path: Path) -
     assert Image.open(run / "curves.png").format == "PNG"
     rows = report.read_metrics(run / "metrics.csv")
     assert report.run_selection(run, set().union(*rows)) == "val"
-    assert report.best_epoch(rows, "val") == 3
+    assert report.best_epoch(rows, "val") == 6
     (run / "config.json").write_text(json.dumps({"train_config": {"selection": "test"}}))
     assert report.run_selection(run, set().union(*rows)) == "test"
     assert report.best_epoch(rows, "test") == 5
