@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -136,23 +136,56 @@ def search(
 def _search_live(
     bundle: Bundle, xq: np.ndarray, own: np.ndarray, width: int, fetch: int, dead: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`width` hits per row that are neither deleted nor the row's own id; rows left short by
-    deleted hits are searched again, twice as deep each time, up to the whole index."""
+    """`width` hits per row that are neither deleted nor the row's own id. A row left short
+    (by deleted hits, or an approximate index that found fewer: an IVF search sees only its
+    nprobe lists) is searched again, twice as deep and twice as wide (nprobe, efSearch) each
+    time, until it is full or the search is exhaustive."""
     index = bundle.index
+    live = int(index.ntotal) - len(dead)
+    own_live = (own >= 0) & ~in_sorted(own, dead)
+    wanted = np.minimum(width, live - own_live.astype(np.int64))  # what each row can have
+    wider, widest = _widening(index)
 
-    def live_hits(rows: np.ndarray | slice, depth: int) -> tuple[np.ndarray, np.ndarray]:
-        found_scores, found_ids = bundle.searcher(depth).search(xq[rows], depth)
+    def live_hits(
+        rows: np.ndarray | slice, depth: int, params: Any = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        searcher = bundle.searcher(depth) if params is None else index
+        kwargs = {} if params is None else {"params": params}
+        found_scores, found_ids = searcher.search(xq[rows], depth, **kwargs)
         if len(dead):
             found_ids[in_sorted(found_ids, dead)] = -1
         return exclude_by_id(found_scores, found_ids, own[rows], width)
 
     scores, ids = live_hits(slice(None), fetch)
-    short = np.flatnonzero((ids < 0).any(axis=1)) if len(dead) else np.empty(0, np.int64)
-    while len(short) and fetch < index.ntotal:
-        fetch = min(2 * fetch, int(index.ntotal))
-        scores[short], ids[short] = live_hits(short, fetch)
-        short = short[(ids[short] < 0).any(axis=1)]
+    short = np.flatnonzero((ids >= 0).sum(axis=1) < wanted)
+    factor = 1
+    while len(short) and not (fetch >= index.ntotal and widest(factor)):
+        fetch, factor = min(2 * fetch, int(index.ntotal)), 2 * factor
+        scores[short], ids[short] = live_hits(short, fetch, wider(factor))
+        short = short[(ids[short] >= 0).sum(axis=1) < wanted[short]]
     return scores, ids
+
+
+def _widening(index: Any) -> tuple[Any, Any]:
+    """(factor -> search parameters `factor` times as wide as the tuned ones: IVF nprobe up to
+    nlist, HNSW efSearch up to the items; None for other kinds), (factor -> whether that is
+    as wide as the index goes)."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        nprobe, nlist = int(ivf.nprobe), int(ivf.nlist)
+        ivf_params: Any = faiss.SearchParametersIVF  # (its stub lacks the keyword arguments)
+        return (
+            lambda f: ivf_params(nprobe=min(nprobe * f, nlist)),
+            lambda f: nprobe * f >= nlist,
+        )
+    inner = faiss.downcast_index(index.index if isinstance(index, faiss.IndexIDMap) else index)
+    if isinstance(inner, faiss.IndexHNSW):
+        ef, n = int(inner.hnsw.efSearch), int(index.ntotal)
+        hnsw_params: Any = faiss.SearchParametersHNSW  # type: ignore[attr-defined]
+        return lambda f: hnsw_params(efSearch=min(ef * f, n)), lambda f: ef * f >= n
+    return lambda f: None, lambda f: True
 
 
 def exclude_by_id(

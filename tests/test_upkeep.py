@@ -688,3 +688,29 @@ def test_a_rebuild_that_would_drop_items_is_refused_without_overwrite(
     assert not set(added) & set(load_bundle(Path("b")).items.paths.tolist())
     # the same input again needs no --overwrite
     assert run_cli(["index", "vec", "--out", "b"], monkeypatch, capsys)[0] == 0
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_an_ivf_search_widens_until_rows_are_full(compact: bool, tmp_path: Path, data: Any) -> None:
+    """An IVF search sees its nprobe lists only: with every item of those lists deleted (or
+    compacted away), or k beyond what they hold, a deeper search alone finds nothing more.
+    Rows left short are searched again with nprobe doubled, up to all lists: every row gets
+    k live hits, each a live item."""
+    base, queries = data
+    bundle_dir = make_bundle(tmp_path / "b", base, "IVF16,Flat")
+    bundle = load_bundle(bundle_dir)
+    faiss.ParameterSpace().set_index_parameters(bundle.index, "nprobe=1")
+    lists = faiss.extract_index_ivf(bundle.index).quantizer.search(queries, 1)[1].ravel()
+    assigned = faiss.extract_index_ivf(bundle.index).quantizer.search(base, 1)[1].ravel()
+    dead = np.flatnonzero(np.isin(assigned, lists[:5]))  # the first queries' own lists, whole
+    delete_items(bundle_dir, ids=dead.tolist())
+    if compact:
+        compact_bundle(bundle_dir)
+    bundle = load_bundle(bundle_dir)
+    faiss.ParameterSpace().set_index_parameters(bundle.index, "nprobe=1")
+    live = np.setdiff1d(np.arange(N), dead)
+    for k in (K, 300):
+        scores, ids = search(bundle, queries, k)
+        assert (ids >= 0).all(), (k, int((ids < 0).sum()))
+        assert not np.isin(ids, dead).any() and np.isin(ids, live).all()
+        assert all(len(set(row.tolist())) == k for row in ids)
