@@ -185,6 +185,8 @@ def index_vectors(
         check_nothing_dropped(out, before.live, vectors_paths(parts), str(vectors_dir))
     gone = before.gone if before is not None else set()
     removed = before.removed if before is not None else None
+    if before is not None and before.ids:
+        parts = same_ids(parts, before.ids, before.next_id)
     dead = None
     with new_generation(out, BUNDLE_FILES) as gen:
         if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
@@ -205,10 +207,29 @@ def index_vectors(
             "model_config": meta["model_config"],
             "vectors": str(vectors_dir.resolve()),
             **tuning,
+            **({"next_id": before.next_id} if before is not None else {}),
         }
         write_bundle(gen, index, items, bundle_meta, deleted=dead, removed=removed)
     bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
+
+
+def same_ids(
+    parts: list[tuple[np.ndarray, Any]], ids: dict[str, int], next_id: int
+) -> list[tuple[np.ndarray, Any]]:
+    """The parts with the ids the bundle being rebuilt gave their paths (an id names one image
+    for good: a client that kept one, a running service, a --delete ID), and ids from
+    `next_id` on for paths it never held."""
+    from pactl.index import ItemTable
+
+    out = []
+    for vectors, table in parts:
+        kept = np.fromiter((ids.get(p, -1) for p in table.paths), dtype=np.int64, count=len(table))
+        fresh = np.flatnonzero(kept < 0)
+        kept[fresh] = np.arange(next_id, next_id + len(fresh), dtype=np.int64)
+        next_id += len(fresh)
+        out.append((vectors, ItemTable(kept, table.paths, table.labels, table.sizes, table.mtimes)))
+    return out
 
 
 def vectors_paths(parts: list[tuple[np.ndarray, Any]]) -> set[str]:

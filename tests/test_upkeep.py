@@ -714,3 +714,39 @@ def test_an_ivf_search_widens_until_rows_are_full(compact: bool, tmp_path: Path,
         assert (ids >= 0).all(), (k, int((ids < 0).sum()))
         assert not np.isin(ids, dead).any() and np.isin(ids, live).all()
         assert all(len(set(row.tolist())) == k for row in ids)
+
+
+def test_a_rebuild_keeps_every_id_and_never_gives_one_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An id names one image for good: a rebuild from a vectors folder keeps each path's id
+    (however the folder numbers it now), and ids the bundle gave are never handed to another
+    image, not even after --overwrite dropped their items."""
+    imgs = make_class_folder(tmp_path / "imgs", classes=2, per_class=3)
+    make_class_folder(tmp_path / "more", classes=1, per_class=2)
+    monkeypatch.chdir(tmp_path)
+    for args in (
+        ["embed", "imgs", *MODEL, "--out", "vec"],
+        ["index", "vec", "--out", "b"],
+        ["index", "more", "--add", "b"],
+    ):
+        assert run_cli(args, monkeypatch, capsys)[0] == 0
+
+    def ids_by_path() -> dict[str, int]:
+        items = load_bundle(Path("b")).items
+        return dict(zip(items.paths.tolist(), items.ids.tolist(), strict=True))
+
+    before = ids_by_path()
+    assert sorted(before.values()) == list(range(8))  # 6 built, 2 added
+    first = imgs / "class_0" / "!.png"  # sorts first: the folder renumbers every image
+    Image.new("RGB", (16, 16), (3, 200, 90)).save(first)
+    assert run_cli(["embed", "imgs", *MODEL, "--out", "vec"], monkeypatch, capsys)[0] == 0
+    assert read_embedded(Path("vec"))[1].paths.tolist()[0] == str(first)
+    code, _, err = run_cli(["index", "vec", "--out", "b", "--overwrite"], monkeypatch, capsys)
+    assert code == 0, err
+    after = ids_by_path()
+    assert {p: i for p, i in after.items() if p != str(first)} == {
+        p: i for p, i in before.items() if p.startswith(str(imgs))
+    }
+    assert after[str(first)] == 8  # not 6 or 7: those named the dropped --add images
+    assert load_bundle(Path("b")).next_id == 9

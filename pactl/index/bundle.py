@@ -597,6 +597,8 @@ class Replaced:
     live: set[str]  # the paths of its live items: a rebuild without them drops them
     gone: set[str]  # paths deleted or compacted away and not live under a new id: kept deleted
     removed: ItemTable  # the items compacted away, carried over
+    ids: dict[str, int] = field(default_factory=dict)  # path -> its id (a live one first)
+    next_id: int = 0  # the first id the bundle never gave
 
 
 def rebuild_facts(path: Path) -> Replaced:
@@ -615,7 +617,10 @@ def rebuild_facts(path: Path) -> Replaced:
         paths = items.paths.tolist()
         live = {p for p, d in zip(paths, dead, strict=True) if not d}
         gone = {p for p, d in zip(paths, dead, strict=True) if d} | set(removed.paths.tolist())
-        return Replaced(live, gone - live, removed)
+        ids = {p: i for p, i, d in zip(paths, items.ids.tolist(), dead, strict=True) if d}
+        ids |= {p: i for p, i, d in zip(paths, items.ids.tolist(), dead, strict=True) if not d}
+        next_id = max(int(meta.get("next_id", 0)), items.max_id() + 1, removed.max_id() + 1)
+        return Replaced(live, gone - live, removed, ids, next_id)
 
     return read_current(path, read)
 
