@@ -30,7 +30,7 @@ VOLUME ["/cache"]
 WORKDIR /work
 USER 1000:1000
 # pactl serve (the serve extra is installed) on the published port:
-#   docker run -p 8000:8000 -v "$PWD:/work" pactl:cpu serve /work/index --host 0.0.0.0 --token SECRET
+#   docker run -p 8000:8000 -v "$PWD:/work" pactl:cpu serve /work/index --host 0.0.0.0 --token "$PACTL_TOKEN"
 EXPOSE 8000
 ENTRYPOINT ["pactl"]
 CMD ["--help"]
@@ -63,7 +63,7 @@ VOLUME ["/cache"]
 WORKDIR /work
 USER 1000:1000
 # pactl serve (the serve extra is installed) on the published port:
-#   docker run -p 8000:8000 -v "$PWD:/work" --gpus all pactl:cuda serve /work/index --host 0.0.0.0 --token SECRET
+#   docker run -p 8000:8000 -v "$PWD:/work" --gpus all pactl:cuda serve /work/index --host 0.0.0.0 --token "$PACTL_TOKEN"
 EXPOSE 8000
 ENTRYPOINT ["pactl"]
 CMD ["--help"]

@@ -67,3 +67,19 @@ def test_the_cuda_image_frees_uid_1000_before_taking_it() -> None:
     run = next(s for s in stages()["cuda"] if "useradd" in s)
     assert "--uid 1000" in run and 'userdel --remove "$(id -nu 1000)"' in run
     assert run.index("userdel") < run.index("useradd")
+
+
+@pytest.mark.parametrize(
+    "doc", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
+)
+def test_code_fences_close_on_a_line_of_their_own(doc: str) -> None:
+    """A closing ``` with text after it is no closing fence: the rest of the page, headings
+    included, renders as code (README's tour of the verbs did)."""
+    path = ROOT / doc if doc == "README.md" else ROOT / "docs" / doc
+    inside = False
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            if inside:
+                assert line.strip() == "```", f"{doc}:{number}: {line[:60]}"
+            inside = not inside
+    assert not inside, f"{doc}: a code fence is never closed"
