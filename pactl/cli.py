@@ -845,6 +845,13 @@ def index(
         faiss_device=faiss_device.value,
     )
     check(config, option_name, UsageError)
+    if factory is not None:
+        from pactl.index.build import check_factory_parses
+
+        try:
+            check_factory_parses(factory)
+        except PactlError as e:
+            raise UsageError(f"--factory: {e}") from None
     if faiss_device is FaissDevice.gpu:  # before any embedding: a machine without one says so
         from pactl.index.build import faiss_gpus
 
@@ -1256,9 +1263,9 @@ def eval_(
     check_option("--device", device, TRAIN_RULES["device"])
     report = report or default_report(checkpoint if backbone is None else None)
     check_output(report, "--report", folder=False)
-    check_new_file(report, overwrite)
-    model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     k_list = parse_ks(ks) if ks else PRESETS[source].train.eval_ks if source in PRESETS else None
+    check_new_file(report, overwrite)  # after the usage errors: a wrong option is named first
+    model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     log = reporter(quiet)
     metrics = eval_checkpoint(
         source, model_from, k_list or (1, 2, 4, 8), device, workers, log, follow_links

@@ -72,7 +72,7 @@ def embed_source(
         start, stop = part.bounds(len(files))
         files, labels, ids = files[start:stop], labels[start:stop], ids[start:stop]
         out_dir = out_dir / "shards" / part.name
-        reporter.log(f"shard {part.index + 1} of {part.count}: items {start} to {stop - 1}")
+        reporter.log(f"shard {part.index}/{part.count}: items {start} to {stop - 1}")
     return embed_source_files(
         files,
         labels,

@@ -567,3 +567,26 @@ def test_train_on_a_real_full_disk(
     assert code == 1 and "no space left on the device" in one_error(err)
     assert sorted(p.name for p in runs.iterdir()) == ["f"]  # the new run's empty folder went
     assert math.isfinite(ckpt.load(run / "checkpoint.pt")["metrics"]["loss"])
+
+
+def test_a_factory_faiss_cannot_parse_is_a_usage_error_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = tiny_bundle(tmp_path, monkeypatch, capsys)
+    vectors = str(bundle / "vectors") if (bundle / "vectors").exists() else str(bundle)
+    for factory, words in (("bogus", "cannot parse the factory 'bogus'"), ("HNSW0", "HNSW0")):
+        args = ["index", vectors, "--factory", factory, "--out", "fresh"]
+        code, out, err = run_cli(args, monkeypatch, capsys)
+        line = one_error(err)
+        assert (code, out) == (2, "") and words in line and "index_factory" not in line, line
+        assert not (tmp_path / "fresh").exists()
+
+
+def test_a_wrong_ks_is_named_before_an_existing_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_bundle(tmp_path, monkeypatch, capsys)
+    (tmp_path / "r.csv").write_text("mine")
+    args = ["eval", str(tmp_path / "imgs"), "--checkpoint", str(tmp_path / "best.pt")]
+    code, _, err = run_cli([*args, "--ks", "0", "--report", "r.csv"], monkeypatch, capsys)
+    assert code == 2 and "--ks" in one_error(err)

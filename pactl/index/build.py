@@ -181,6 +181,20 @@ def check_factory(factory: str) -> None:
             )
 
 
+def check_factory_parses(factory: str) -> None:
+    """Refuse, before any work, a factory string FAISS cannot parse. The set's dimension is not
+    known yet: a small one stands in, and only a parse failure counts (one the dimension
+    causes is for build time to say)."""
+    check_factory(factory)
+    try:
+        faiss.index_factory(96, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        if "parse" in str(e):
+            raise PactlError(
+                f"FAISS cannot parse the factory {factory!r} (e.g. Flat, IVF1024,Flat, HNSW32)"
+            ) from None
+
+
 def new_index(factory: str, dim: int) -> Any:
     """An empty inner-product index; kinds without their own id storage get an IndexIDMap2."""
     check_factory(factory)
@@ -436,4 +450,5 @@ def _as_matrix(values: np.ndarray, what: str) -> np.ndarray:
 def _why(error: Exception) -> str:
     """The useful tail of a FAISS C++ exception message."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = re.sub(r"^Error in .*? at \S+:\d+: ", "", text)  # the C++ function and source line
     return text.rsplit("Error: ", 1)[-1][:200]
