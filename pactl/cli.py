@@ -304,7 +304,9 @@ def train(
     image_size: Annotated[int | None, typer.Option(help="Crop size the network sees.")] = None,
     resize_size: Annotated[int | None, typer.Option(help="Test-time resize before crop.")] = None,
     epochs: Annotated[int | None, typer.Option(min=1, help="Epochs to train.")] = None,
-    batch_size: Annotated[int | None, typer.Option(min=1, help="Global batch size.")] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(min=2, help="Global batch size (2 at least: pairs to compare).")
+    ] = None,
     lr: Annotated[float | None, typer.Option(help="AdamW learning rate.")] = None,
     weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
     proxy_lr_mult: Annotated[float | None, typer.Option(help="Proxies' lr multiplier.")] = None,
@@ -585,7 +587,7 @@ def check_run_name(name: str) -> None:
     if not plain:
         raise UsageError(
             f"--name {quoted(name)} must be one plain folder name under {runs_dir()}: no '/', "
-            "'\\', '.', '..' or control characters"
+            "backslash, '.', '..' or control characters"
         )
 
 
@@ -959,7 +961,8 @@ def check_apart(vectors: Path, bundle: Path) -> None:
 @app.command(short_help="Top-k most similar indexed images for each query image.")
 def query(
     images: Annotated[
-        list[str], typer.Argument(help="Image files or folders; '-' reads paths from stdin.")
+        list[str],
+        typer.Argument(help="Image files or folders; '-' reads paths from stdin."),
     ],
     k: Annotated[
         int, typer.Option("--k", "-k", min=1, max=MAX_K, help="Neighbours per query.")
@@ -998,7 +1001,8 @@ def query(
         bool, typer.Option("--strict", help="Fail on the first unreadable query image.")
     ] = False,
     grid: Annotated[
-        Path | None, typer.Option(help="Also draw the first 32 queries and their hits (PNG).")
+        Path | None,
+        typer.Option(help="Also draw the first 32 queries and their hits (.png, .jpg or .webp)."),
     ] = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace the --grid file if it exists.")
@@ -1367,7 +1371,8 @@ def serve(
         str | None,
         typer.Option(
             envvar="PACTL_TOKEN",
-            help="Secret every request must carry (Authorization: Bearer TOKEN).",
+            help="Secret every data request must carry (Authorization: Bearer TOKEN); the page "
+            "and /openapi.json answer without it.",
         ),
     ] = None,
     allow_root: Annotated[

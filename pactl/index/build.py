@@ -112,7 +112,7 @@ def choose_factory(n: int, dim: int, memory_budget_gb: float = 8.0) -> str:
             return f"IVF{nlist}_HNSW32,PQ{m}"
     raise PactlError(
         f"{n:,} vectors of dimension {dim} do not fit in {memory_budget_gb} GB even as 1-byte "
-        "codes; raise the memory budget or pass a FAISS factory string"
+        "codes: pass a FAISS factory string (--factory) that fits"
     )
 
 
