@@ -720,9 +720,9 @@ def embed(
             commit_every=commit_every,
             gpu_decode=gpu_decode,
         )
-    fresh = f", {meta['embedded']} embedded now" if "embedded" in meta else ""
+    fresh = f", {meta['embedded']:,} embedded now" if "embedded" in meta else ""
     with to_stdout():
-        out.print(literal(f"{meta['count']} vectors ({meta['dimension']}-d) in {out_dir}{fresh}"))
+        out.print(literal(f"{meta['count']:,} vectors ({meta['dimension']}-d) in {out_dir}{fresh}"))
     if meta["skipped"]:
         log.warn(
             f"{counted(meta['skipped'], 'unreadable image')} skipped: see {out_dir / 'skipped.csv'}"
@@ -873,7 +873,7 @@ def index(
         also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
         added = counted(done["added"], "item")
         with to_stdout():
-            out.print(literal(f"added {added}{also} to {add} ({done['count']} in all)"))
+            out.print(literal(f"added {added}{also} to {add} ({done['count']:,} in all)"))
         return
     if source is None:
         bundle, meta = pipeline.index_latest_run(
@@ -934,13 +934,13 @@ def keep_bundle(
     if names:
         n = delete_items(Path(bundle), ids, paths, log)
         lines.append(
-            f"deleted {counted(n, 'item')} from {bundle} ({bundle_count(Path(bundle))} left)"
+            f"deleted {counted(n, 'item')} from {bundle} ({bundle_count(Path(bundle)):,} left)"
         )
     if compact:
         done = compact_bundle(Path(bundle), log)
         lines.append(
             f"compacted {bundle}: removed {counted(done['removed'], 'deleted item')} "
-            f"({done['count']} in all)"
+            f"({done['count']:,} in all)"
         )
     with to_stdout():
         for line in lines:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -273,6 +274,8 @@ def compile_frozen(model: nn.Module, example: torch.Tensor) -> nn.Module:
     torch.compile, or when inductor fails."""
     if cpp_compiler() is None or not callable(getattr(torch, "compile", None)):
         raise RuntimeError("torch.compile needs a C++ compiler on the CPU")
+    # Inductor looks for CUDA and says so in a raw log line even on the CPU path: not for users.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     compiled = Compiled(model)
     compiled(example)
     return compiled
@@ -647,8 +650,9 @@ def embed_to_folder(
             "pactl_version": __version__,
             "dimension": dim,
             "count": len(keep),
-            "embedded": len(result.rows),
+            "embedded": len(result.rows) - progress.carried,  # by this run
             "reused": int((job.reuse >= 0).sum()),
+            "resumed": progress.carried,  # from an earlier run's committed progress
             "skipped": len(skipped),
             "metric": "ip",
             "checkpoint": network.checkpoint,  # None: the backbone of model_config
@@ -680,6 +684,7 @@ class Progress:
 
     folder: Path
     files: Sequence[Path]
+    carried: int = 0  # images of the job taken from committed chunks (embed sets it)
 
     @classmethod
     def open(
@@ -737,6 +742,7 @@ class Progress:
                 chunk = list(self.files[start : start + commit_every])
                 if k < done:
                     vectors, got, lost = self._read(k)
+                    self.carried += len(got)
                     advance(len(chunk))
                 else:
                     result = embed_files(

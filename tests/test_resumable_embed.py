@@ -74,6 +74,10 @@ def test_a_stopped_embed_goes_on_from_its_last_commit(
     assert items.paths.tolist() == want_items.paths.tolist()
     np.testing.assert_allclose(vectors, want_vectors, atol=1e-6)
     assert meta["skipped"] == whole["skipped"] == 1 and meta["count"] == whole["count"]
+    # what this run embedded, and what it took from the 3 committed chunks of 6 (one of
+    # them holds the unreadable image)
+    assert meta["embedded"] + meta["resumed"] == whole["embedded"] and meta["resumed"] >= 17
+    assert meta["embedded"] == sum(calls) - (meta["skipped"] if meta["resumed"] == 18 else 0)
     assert not list(
         out.glob(f"{PROGRESS_PREFIX}*")
     )  # the progress is gone once the output holds it

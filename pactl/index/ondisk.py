@@ -88,7 +88,9 @@ def build_ondisk_index(
         files = [
             _fill_shard(index, p, scratch / f"{i:05d}.faiss", reporter) for i, p in enumerate(parts)
         ]
-        reporter.log(f"merging the inverted lists of {len(files)} shards into {IVFDATA_FILE}")
+        reporter.log(
+            f"merging the inverted lists of {counted(len(files), 'shard')} into {IVFDATA_FILE}"
+        )
         # IO_FLAG_MMAP: the shards' lists are read from their files as the merge needs them
         shards = [faiss.read_index(str(f), faiss.IO_FLAG_MMAP) for f in files]
         _merge_lists(index, shards, bundle_dir / PENDING_IVFDATA)
