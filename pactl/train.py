@@ -665,7 +665,13 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
             else "as asked (--freeze-bn/--no-freeze-bn)"
         ),
         f"best.pt chosen by {_SELECTION[cfg.selection]}"
-        + (f"; {cfg.val_classes:.0%} of the train classes held out" if cfg.val_classes else ""),
+        + (
+            f"; {cfg.val_classes:.0%} of the train classes held out (the data is not read here:"
+            " a manifest's own val split is used instead, and with too few train classes to hold"
+            " out, best.pt is the last epoch; the run's first lines say which)"
+            if cfg.val_classes
+            else ""
+        ),
         f"test resize {model_cfg.resize_size} px, {model_cfg.interpolation}: "
         "what the backbone's weights were evaluated with",
     ]
