@@ -193,7 +193,7 @@ def test_factories_that_would_abort_are_refused_first(
 ) -> None:
     with pytest.raises(PactlError):
         check_factory(factory)
-    refused(["index", str(vec), "--factory", factory], monkeypatch, capsys, factory)
+    refused(["index", str(vec), "--factory", factory], monkeypatch, capsys, factory, code=2)
 
 
 def test_search_params_are_checked(
