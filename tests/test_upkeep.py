@@ -649,13 +649,12 @@ def test_a_rebuild_keeps_deleted_images_deleted(
     assert load_bundle(other).items.paths.tolist() == paths
 
 
-def test_a_rebuild_that_would_drop_items_is_refused_without_overwrite(
+def built_then_added(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Items added with --add live in the bundle only; a bundle of other images is not the
-    new input's either. A rebuild over them says so in one line and changes nothing (images
-    are not even embedded); --overwrite rebuilds without them."""
-    make_class_folder(tmp_path / "imgs", classes=2, per_class=3)
+) -> tuple[Path, Path]:
+    """In tmp_path (made the working folder): imgs/ (2 classes x 3) embedded into vec/ and
+    indexed into b/, then more/ (2 images) added to b with --add; returns (imgs, more)."""
+    imgs = make_class_folder(tmp_path / "imgs", classes=2, per_class=3)
     more = make_class_folder(tmp_path / "more", classes=1, per_class=2)
     monkeypatch.chdir(tmp_path)
     for args in (
@@ -664,6 +663,16 @@ def test_a_rebuild_that_would_drop_items_is_refused_without_overwrite(
         ["index", "more", "--add", "b"],
     ):
         assert run_cli(args, monkeypatch, capsys)[0] == 0
+    return imgs, more
+
+
+def test_a_rebuild_that_would_drop_items_is_refused_without_overwrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Items added with --add live in the bundle only; a bundle of other images is not the
+    new input's either. A rebuild over them says so in one line and changes nothing (images
+    are not even embedded); --overwrite rebuilds without them."""
+    _, more = built_then_added(tmp_path, monkeypatch, capsys)
     added = sorted(str(p) for p in more.rglob("*.png"))
     generation = generation_of(Path("b"))
 
@@ -722,15 +731,7 @@ def test_a_rebuild_keeps_every_id_and_never_gives_one_again(
     """An id names one image for good: a rebuild from a vectors folder keeps each path's id
     (however the folder numbers it now), and ids the bundle gave are never handed to another
     image, not even after --overwrite dropped their items."""
-    imgs = make_class_folder(tmp_path / "imgs", classes=2, per_class=3)
-    make_class_folder(tmp_path / "more", classes=1, per_class=2)
-    monkeypatch.chdir(tmp_path)
-    for args in (
-        ["embed", "imgs", *MODEL, "--out", "vec"],
-        ["index", "vec", "--out", "b"],
-        ["index", "more", "--add", "b"],
-    ):
-        assert run_cli(args, monkeypatch, capsys)[0] == 0
+    imgs, _ = built_then_added(tmp_path, monkeypatch, capsys)
 
     def ids_by_path() -> dict[str, int]:
         items = load_bundle(Path("b")).items
