@@ -389,12 +389,8 @@ def embed_files(
             images, indices, lost = _on_device(batch, device, decoder)
             failed.extend(lost)
             if len(indices):
-                if channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
-                with autocast(device, amp):
-                    emb = forward(images)
                 n = len(indices)
-                vectors[filled : filled + n] = emb.float().cpu().numpy()
+                vectors[filled : filled + n] = _forward(forward, images, device, amp, channels_last)
                 rows[filled : filled + n] = indices.numpy()
                 filled += n
             step(len(indices) + len(lost))
@@ -424,9 +420,18 @@ def embed_decoded(
     with torch.inference_mode(False):
         forward = inference_model(model, model_config, device, freeze=False)
     with torch.inference_mode():
-        x = images.to(device).contiguous(memory_format=torch.channels_last)
-        with autocast(device, "none"):
-            return np.asarray(forward(x).float().cpu().numpy(), dtype=np.float32)
+        return _forward(forward, images.to(device), device, "none", channels_last=True)
+
+
+def _forward(
+    forward: nn.Module, images: torch.Tensor, device: torch.device, amp: str, channels_last: bool
+) -> np.ndarray:
+    """One batch through the network as embedding runs it: NHWC when asked, under autocast,
+    float32 vectors on the CPU."""
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    with autocast(device, amp):
+        return np.asarray(forward(images).float().cpu().numpy(), dtype=np.float32)
 
 
 def _on_device(
