@@ -116,7 +116,7 @@ def run_cli(
 FORKING_PACTL = r"""
 import json, os, sys, time
 import pactl.cli, pactl.embed, pactl.index, pactl.pipeline, pactl.backbones, pactl.model
-import pactl.checkpoint, pactl.timm_backbone, timm, torchvision
+import pactl.checkpoint, pactl.backbones.timm, timm, torchvision
 
 def run_pactl(job):
     log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

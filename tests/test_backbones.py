@@ -16,11 +16,10 @@ import pytest
 import torch
 from torch import nn
 
-from pactl import bn_inception
-from pactl.backbones import BACKBONES, build_backbone
-from pactl.bn_inception import BLOCKS, BNInception
+from pactl.backbones import BACKBONES, bn_inception, build_backbone
+from pactl.backbones.bn_inception import BLOCKS, BNInception
+from pactl.backbones.timm import FeatureMap, build_timm
 from pactl.errors import PactlError
-from pactl.timm_backbone import FeatureMap, build_timm
 
 # Output stride of each registered backbone; every other one reduces by 32.
 STRIDE = {"small": 4}

@@ -152,7 +152,7 @@ def check_size(height: int, width: int) -> None:
 
 def bn_inception(weights: str) -> BNInception:
     """BN-Inception with `weights` none | imagenet (the published file) | a state_dict PATH."""
-    from pactl.backbones import load_weights_file
+    from pactl.backbones.base import load_weights_file
 
     net = BNInception()
     if weights == "imagenet":

@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from pactl.backbones import Backbone, load_weights_file
+from pactl.backbones.base import Backbone, load_weights_file
 from pactl.errors import PactlError
 
 
