@@ -46,7 +46,7 @@ import numpy as np
 from pactl.config import IndexConfig
 from pactl.console import Reporter
 from pactl.index import build_index, load_bundle, save_bundle
-from pactl.search import search
+from pactl.index.search import search
 
 K = 10
 CHUNK = 65_536
@@ -211,7 +211,7 @@ def report(args: argparse.Namespace, record: dict[str, Any], got: dict[str, Any]
         f"exact           {1e3 * got['exact_s'] / nq:.3f} ms/query batched, "
         f"{got['exact_single']:.2f} ms one at a time (IndexFlatIP)",
         f"default index   {1e3 * got['approx_s'] / nq:.3f} ms/query batched, "
-        f"{got['approx_single']:.2f} ms one at a time (pactl.search over the bundle)",
+        f"{got['approx_single']:.2f} ms one at a time (pactl.index.search over the bundle)",
         f"speed-up        {speedup:.1f}x batched, "
         f"{got['exact_single'] / got['approx_single']:.1f}x one at a time",
         f"target          recall@10 >= 0.95 and >= 10x faster: {'met' if met else 'NOT met'}",

@@ -15,7 +15,8 @@ index.ivfdata. Memory is read from /proc/self/status: peak RSS is VmHWM at the e
 it counts the pages of memory-mapped files (the shards' vectors, index.ivfdata) that the process
 touched, which the kernel can drop and read again. Peak anonymous RSS (RssAnon, sampled every
 5 ms) is the memory that must fit in RAM. "Start" is each process after its imports. Recall@10
-is each bundle's (searched with pactl.search, tuned nprobe) against exact inner-product search.
+is each bundle's (searched with pactl.index.search, tuned nprobe) against exact inner-product
+search.
 
 Run from the repository root:
   python bench/bench_ondisk.py                 # 8 shards x 125,000 x 128, IVF1024,Flat
@@ -173,8 +174,8 @@ def child(args: argparse.Namespace) -> None:
     from pactl.config import IndexConfig
     from pactl.console import Reporter
     from pactl.index import IVFDATA_FILE, load_bundle
+    from pactl.index.search import search
     from pactl.pipeline import index_vectors
-    from pactl.search import search
 
     out = args.workdir / f"bundle-{args.child}"
     config = IndexConfig(factory=args.factory, on_disk=args.child)

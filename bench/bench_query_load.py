@@ -376,9 +376,9 @@ def stage_seconds(
     from pactl.console import QUIET
     from pactl.embed import embed_files
     from pactl.index import ITEMS_FILE
+    from pactl.index.search import hits, search
     from pactl.output import HitWriter
     from pactl.pipeline import _path_ids, open_query_model
-    from pactl.search import hits, search
 
     t0 = time.perf_counter()
     ItemTable.read(bundle_dir / ITEMS_FILE)

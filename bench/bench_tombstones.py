@@ -1,6 +1,6 @@
 """Searching past deleted items: pactl's over-fetch against FAISS's own ID selector.
 
-`pactl.search.search` asks the index for k + min(deleted, k) hits (more in a second round for
+`pactl.index.search.search` asks the index for k + min(deleted, k) hits (more in a second round for
 the rows that came back short) and drops the tombstones; FAISS can instead skip them inside the
 scan with `SearchParameters(sel=IDSelectorNot(IDSelectorBatch(deleted)))`. Both are run on the
 same bundle, per index kind and share of deleted items; the ids must agree (exact kinds) and the
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from pactl.config import IndexConfig  # noqa: E402
 from pactl.console import QUIET  # noqa: E402
 from pactl.index import build_index, delete_items, load_bundle, save_bundle  # noqa: E402
-from pactl.search import search  # noqa: E402
+from pactl.index.search import search  # noqa: E402
 
 KINDS = {"Flat": "", "IVF256,Flat": "nprobe=16", "HNSW32,Flat": "efSearch=64"}
 SHARES = (0.01, 0.1, 0.5)

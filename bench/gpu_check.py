@@ -320,7 +320,7 @@ def bundle_on_gpu(vectors: np.ndarray, queries: np.ndarray) -> None:
     """What `pactl query --faiss-device gpu` does: a Flat bundle with tombstones loaded onto
     the GPUs answers as the CPU does (k within and past what a GPU search selects)."""
     from pactl.index import build_index, delete_items, load_bundle, save_bundle
-    from pactl.search import search
+    from pactl.index.search import search
 
     with tempfile.TemporaryDirectory() as tmp:
         index, record = build_index(vectors, IndexConfig(factory="Flat", faiss_device="cpu"), QUIET)

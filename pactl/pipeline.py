@@ -553,7 +553,7 @@ def find_bundle(runs: Path, name_one: str = "pass --index") -> Path:
 @dataclass
 class QueryChunk:
     names: list[str]  # the queries of this chunk that were embedded
-    hits: list[list[Any]]  # per query, its pactl.search.Hit rows
+    hits: list[list[Any]]  # per query, its pactl.index.search.Hit rows
     failed: list[tuple[str, str]]  # (query, reason without the path) of unreadable images
     labels: list[str | None]  # a query's label when it is itself an indexed item
 
@@ -594,7 +594,7 @@ def query_chunks(
 
     from pactl.embed import PREPARE_MIN_IMAGES, embed_files, inference_model
     from pactl.images import reason_of
-    from pactl.search import PathIndex, hits, search
+    from pactl.index.search import PathIndex, hits, search
 
     bundle, model, model_cfg, device = open_query_model(
         bundle_dir, checkpoint, device_name, faiss_device

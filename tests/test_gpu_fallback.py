@@ -31,8 +31,8 @@ from pactl.errors import PactlError
 from pactl.index import build, delete_items, load_bundle, save_bundle
 from pactl.index import bundle as bundle_module
 from pactl.index.build import build_index, faiss_gpus
+from pactl.index.search import search
 from pactl.model import build_model
-from pactl.search import search
 
 CPU = torch.device("cpu")
 

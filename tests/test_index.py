@@ -27,7 +27,7 @@ from pactl.index import (
     load_bundle,
     save_bundle,
 )
-from pactl.search import hits, search
+from pactl.index.search import hits, search
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 

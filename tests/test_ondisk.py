@@ -33,8 +33,8 @@ from pactl.index import (
     wants_on_disk,
     write_bundle,
 )
+from pactl.index.search import search
 from pactl.pipeline import index_vectors
-from pactl.search import search
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 

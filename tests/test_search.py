@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pactl.index import ItemTable
-from pactl.search import PathIndex
+from pactl.index.search import PathIndex
 
 
 def table(paths: list[str], ids: list[int]) -> ItemTable:
@@ -39,10 +39,10 @@ def test_path_index_normalises_queries_and_relative_items(
 
 
 def test_path_index_survives_hash_collisions(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pactl.search
+    import pactl.index.search
 
     # Every path hashes alike: the lookup must still tell them apart by the path itself.
-    monkeypatch.setattr(pactl.search, "hash", lambda _: 42, raising=False)
+    monkeypatch.setattr(pactl.index.search, "hash", lambda _: 42, raising=False)
     paths = [os.path.abspath(f"p{i}.png") for i in range(20)]
     lookup = PathIndex(table(paths, list(range(100, 120))))
     np.testing.assert_array_equal(lookup.ids([paths[7], paths[0], "q.png"]), [107, 100, -1])

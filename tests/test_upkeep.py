@@ -40,7 +40,7 @@ from pactl.index import (
     save_bundle,
     write_bundle,
 )
-from pactl.search import PathIndex, search
+from pactl.index.search import PathIndex, search
 
 N, DIM, QUERIES, K = 600, 16, 40, 10
 MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]

@@ -16,7 +16,7 @@ import numpy as np
 from pactl.config import IndexConfig
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.search import exclude_by_id
+from pactl.index.search import exclude_by_id
 
 FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
 TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: FAISS asks for >= 39; more costs minutes

@@ -49,7 +49,7 @@ from pactl.index.ondisk import (
     _quiet_c_stdout,
     empty_like,
 )
-from pactl.search import in_sorted
+from pactl.index.search import in_sorted
 
 BUNDLE_FORMAT = "pactl.bundle"
 BUNDLE_VERSION = 2  # 2: may hold deleted.npy; a bundle without tombstones is still written as 1
@@ -347,7 +347,7 @@ def _resolve(
     bundle_dir: Path, items: ItemTable, ids: Sequence[int], paths: Sequence[str]
 ) -> np.ndarray:
     """The ids named by `ids` and `paths`, each checked to be an item of the bundle."""
-    from pactl.search import PathIndex
+    from pactl.index.search import PathIndex
 
     beyond = [int(i) for i in ids if not 0 <= int(i) <= ID_MAX]  # int64 cannot hold them
     if beyond:

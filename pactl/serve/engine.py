@@ -31,7 +31,7 @@ class Snapshot:
 
     @cached_property
     def lookup(self) -> Any:
-        from pactl.search import PathIndex
+        from pactl.index.search import PathIndex
 
         return PathIndex(self.bundle.items, skip=self.bundle.deleted)
 
@@ -159,7 +159,7 @@ class Engine:
         vectors: np.ndarray,
     ) -> Answer:
         from pactl.images import reason_of
-        from pactl.search import hits, search
+        from pactl.index.search import hits, search
 
         answer = Answer()
         kept = [i for i, p in enumerate(positions) if p in row_of]

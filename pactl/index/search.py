@@ -5,14 +5,48 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from pactl.errors import PactlError
 
-if TYPE_CHECKING:
-    from pactl.index import Bundle, ItemTable
+
+class Items(Protocol):
+    """What a search reads of a bundle's item table (pactl.index.items.ItemTable)."""
+
+    @property
+    def ids(self) -> np.ndarray: ...  # (n,) int64
+
+    @property
+    def paths(self) -> Sequence[str]: ...
+
+    @property
+    def labels(self) -> Sequence[str]: ...
+
+    def __len__(self) -> int: ...
+
+    def positions(self, ids: np.ndarray) -> np.ndarray: ...
+
+
+class Searchable(Protocol):
+    """What a search reads of a bundle (pactl.index.bundle.Bundle); a Protocol, so that this
+    module needs nothing of the package that opens bundles."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def index(self) -> Any: ...  # faiss.Index
+
+    @property
+    def items(self) -> Items: ...
+
+    @property
+    def deleted(self) -> np.ndarray: ...  # sorted tombstone ids
+
+    def searcher(self, depth: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -41,7 +75,7 @@ class PathIndex:
     (a bundle's deleted ids, sorted) are not looked up at all.
     """
 
-    def __init__(self, items: ItemTable, skip: np.ndarray | None = None) -> None:
+    def __init__(self, items: Items, skip: np.ndarray | None = None) -> None:
         self._items = items
         hashes = np.fromiter(
             (hash(path_key(p)) for p in items.paths), dtype=np.int64, count=len(items)
@@ -86,7 +120,7 @@ def capped_k(k: int, ntotal: int, excluding: bool) -> int:
 
 
 def search(
-    bundle: Bundle,
+    bundle: Searchable,
     queries: np.ndarray,
     k: int,
     exclude_ids: np.ndarray | None = None,
@@ -134,7 +168,7 @@ def search(
 
 
 def _search_live(
-    bundle: Bundle, xq: np.ndarray, own: np.ndarray, width: int, fetch: int, dead: np.ndarray
+    bundle: Searchable, xq: np.ndarray, own: np.ndarray, width: int, fetch: int, dead: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """`width` hits per row that are neither deleted nor the row's own id. A row left short
     (by deleted hits, or an approximate index that found fewer: an IVF search sees only its
@@ -211,7 +245,7 @@ def exclude_by_id(
 
 
 def hits(
-    bundle: Bundle, query_names: list[str], scores: np.ndarray, ids: np.ndarray
+    bundle: Searchable, query_names: list[str], scores: np.ndarray, ids: np.ndarray
 ) -> list[list[Hit]]:
     """Result rows per query, with the items' paths and labels; -1 ids are dropped."""
     if len(query_names) != len(ids):
