@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from pactl.checkpoint import open_network  # noqa: E402
 from pactl.config import ModelConfig  # noqa: E402
 from pactl.console import QUIET  # noqa: E402
-from pactl.embed import embed_files, loader_for  # noqa: E402
+from pactl.embed import embed_files  # noqa: E402
+from pactl.loaders import loader_for  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "motorcycle_left")
 WALLPAPERS = Path("/usr/share/backgrounds/gnome")

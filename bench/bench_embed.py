@@ -434,8 +434,10 @@ def breakdown(folder: Path, checkpoint: Path, args: argparse.Namespace) -> list[
 
     from pactl.checkpoint import load_model
     from pactl.console import QUIET
-    from pactl.embed import autocast, inference_model, loader_for
+    from pactl.embed import inference_model
+    from pactl.loaders import loader_for
     from pactl.pipeline import source_items
+    from pactl.runtime import autocast
 
     # Loader workers run one torch thread each; in this process too, lest tiny ops contend.
     torch.set_num_threads(1)
@@ -520,7 +522,7 @@ def fastpath_variants(model: Any, config: Any, chosen: list[str]) -> dict[str, C
     """Name -> a function that prepares a copy of the network and returns its forward."""
     import torch
 
-    from pactl.embed import Compiled, fuse_batchnorm, inference_model
+    from pactl.embed.fastpath import Compiled, fuse_batchnorm, inference_model
 
     def eager() -> Any:
         return _cl_copy(model)
@@ -567,7 +569,7 @@ def fastpath(folder: Path, checkpoint: Path, args: argparse.Namespace) -> list[s
 
     from pactl.checkpoint import load_model
     from pactl.console import QUIET
-    from pactl.embed import loader_for
+    from pactl.loaders import loader_for
     from pactl.pipeline import source_items
 
     torch.set_num_threads(args.threads)

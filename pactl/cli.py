@@ -411,8 +411,8 @@ def train(
       pactl train --resume latest
     """
     from pactl.datasets import load_source
-    from pactl.embed import resolve_device
     from pactl.model import check_model_config
+    from pactl.runtime import resolve_device
     from pactl.train import fit, latest_run, prepare_run_dir, resumed_configs
 
     log = reporter(quiet)

@@ -22,6 +22,8 @@ import csv
 import io
 import json
 import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -29,6 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pactl.console import Reporter, visible
+from pactl.paths import NAME_ENCODING, NAME_ERRORS
 
 
 class HitWriter:
@@ -143,3 +146,16 @@ def format_rows(header: list[str], rows: list[list[str]], fmt: str) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
         for row in shown
     )
+
+
+def csv_writer(f: Any) -> Any:
+    """Strings quoted, numbers not: a CR or LF inside a name stays inside its field (unquoted,
+    a lone CR would end the row for every CSV reader)."""
+    return csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+
+
+def write_rows(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    with open(path, "w", newline="", encoding=NAME_ENCODING, errors=NAME_ERRORS) as f:
+        writer = csv_writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)

@@ -439,7 +439,9 @@ def embed_source_files(
     """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network
     (`scratch`: into a private folder, pactl.embed.embed_to_folder)."""
     from pactl.checkpoint import open_network
-    from pactl.embed import COMMIT_EVERY, embed_to_folder, resolve_device
+    from pactl.config import COMMIT_EVERY
+    from pactl.embed import embed_to_folder
+    from pactl.runtime import resolve_device
 
     model, network = open_network(model_from)
     device = resolve_device(device_name)
@@ -564,8 +566,8 @@ def open_query_model(
     """Load the bundle (searching where `faiss_device` says) and its model once; refuse a
     model other than the bundle's."""
     from pactl.checkpoint import network_of
-    from pactl.embed import resolve_device
     from pactl.index import load_bundle
+    from pactl.runtime import resolve_device
 
     bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
     model, network = network_of(
@@ -592,7 +594,7 @@ def query_chunks(
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
     from itertools import islice
 
-    from pactl.embed import PREPARE_MIN_IMAGES, embed_files, inference_model
+    from pactl.embed import embed_files, fastpath
     from pactl.images import reason_of
     from pactl.index.search import PathIndex, hits, search
 
@@ -606,8 +608,8 @@ def query_chunks(
     lookup = PathIndex(bundle.items, skip=bundle.deleted) if wanted else None
     it = iter(images)
     while batch := list(islice(it, chunk)):
-        if len(batch) >= PREPARE_MIN_IMAGES:  # many queries: prepare the network, once
-            model = inference_model(model, model_cfg, device)
+        if len(batch) >= fastpath.PREPARE_MIN_IMAGES:  # many queries: prepare the network, once
+            model = fastpath.inference_model(model, model_cfg, device)
         done = embed_files(model, batch, model_cfg, device, reporter, batch_size=batch_size)
         names = [str(batch[i]) for i in done.rows]
         own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
@@ -637,7 +639,7 @@ def eval_checkpoint(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
-    from pactl.embed import resolve_device
+    from pactl.runtime import resolve_device
     from pactl.train import evaluate
 
     manifest = load_source(source, reporter, follow_links=follow_links)

@@ -26,11 +26,13 @@ from pactl.config import ModelConfig, TrainConfig, read_config, to_dict, weights
 from pactl.console import Reporter, counted
 from pactl.datasets import Manifest
 from pactl.distributed import World, barrier, gather_batch, init_world, share_sizes
-from pactl.embed import autocast, embed_files, loader_for, resolve_device
+from pactl.embed import embed_files
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text, make_folder
+from pactl.loaders import loader_for
 from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
 from pactl.report import selection_score
+from pactl.runtime import autocast, resolve_device
 
 RUN_FORMAT = "pactl.run"
 RUN_VERSION = 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pactl.embed import resolve_device
 from pactl.errors import PactlError
+from pactl.runtime import resolve_device
 
 
 @pytest.mark.parametrize(

@@ -100,15 +100,15 @@ def test_query_prepares_the_network_once_for_many_chunks(
     )
     assert code == 0, err
     traced: list[str] = []
-    real = pactl.embed.inference_model
+    real = pactl.embed.fastpath.inference_model
 
     def counting(model: nn.Module, *args: object, **kwargs: object) -> nn.Module:
         if not isinstance(model, torch.jit.ScriptModule):
             traced.append(type(model).__name__)
         return real(model, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(pactl.embed, "inference_model", counting)
-    monkeypatch.setattr(pactl.embed, "PREPARE_MIN_IMAGES", 4)
+    monkeypatch.setattr(pactl.embed.fastpath, "inference_model", counting)
+    monkeypatch.setattr(pactl.embed.fastpath, "PREPARE_MIN_IMAGES", 4)
     images = sorted(folder.rglob("*.png"))
     chunks = list(pipeline.query_chunks(Path("b"), images, 3, None, False, "cpu", QUIET, chunk=6))
     assert [len(c.names) for c in chunks] == [6, 6, 6, 2]

@@ -13,10 +13,11 @@ import torch
 from conftest import make_class_folder
 from torch import nn
 
-import pactl.embed
+import pactl.embed.fastpath
 from pactl.config import ModelConfig
 from pactl.console import QUIET
-from pactl.embed import embed_files, inference_model, is_prepared, torchscript_available
+from pactl.embed import embed_files
+from pactl.embed.fastpath import inference_model, is_prepared, torchscript_available
 from pactl.model import build_model
 
 CPU = torch.device("cpu")
@@ -138,13 +139,13 @@ def test_embed_files_without_torchscript_gives_the_torchscript_vectors(
     scripted = embed_files(net, files, config, CPU, QUIET, batch_size=4, prepare=True)
     without_torchscript(monkeypatch)
     prepared: list[nn.Module] = []
-    real = pactl.embed.inference_model
+    real = pactl.embed.fastpath.inference_model
 
     def spy(*args: object, **kwargs: object) -> nn.Module:
         prepared.append(real(*args, **kwargs))  # type: ignore[arg-type]
         return prepared[-1]
 
-    monkeypatch.setattr(pactl.embed, "inference_model", spy)
+    monkeypatch.setattr(pactl.embed.fastpath, "inference_model", spy)
     fused = embed_files(net, files, config, CPU, QUIET, batch_size=4, prepare=True)
     assert isinstance(prepared[0], torch.fx.GraphModule)
     assert net.training  # the caller's mode is given back
@@ -187,9 +188,9 @@ class FakeCompile:
 
 def test_compile_is_never_picked_without_a_cpp_compiler(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeCompile(monkeypatch)
-    monkeypatch.setattr(pactl.embed.shutil, "which", lambda name: None)
+    monkeypatch.setattr(pactl.embed.fastpath.shutil, "which", lambda name: None)
     monkeypatch.delenv("CXX", raising=False)
-    assert pactl.embed.cpp_compiler() is None
+    assert pactl.embed.fastpath.cpp_compiler() is None
     net, config = network()
     fast = inference_model(net, config, CPU, compile=True)
     assert isinstance(fast, torch.jit.ScriptModule) and fake.shapes == []  # TorchScript instead
@@ -199,11 +200,11 @@ def test_compiled_network_runs_fixed_chunks_and_gives_the_vectors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fake = FakeCompile(monkeypatch)
-    monkeypatch.setattr(pactl.embed.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(pactl.embed.fastpath.shutil, "which", lambda name: f"/usr/bin/{name}")
     net, config = network()
     randomise_batchnorm(net, 8)
     fast = inference_model(net, config, CPU, compile=True)
-    assert isinstance(fast, pactl.embed.Compiled) and is_prepared(fast)
+    assert isinstance(fast, pactl.embed.fastpath.Compiled) and is_prepared(fast)
     x = batch(70, seed=9)  # two full chunks of 32 and one of 6, padded
     with torch.inference_mode():
         got = fast(x)
@@ -218,15 +219,15 @@ def test_compile_is_asked_for_from_compile_min_images_on(
     folder = make_class_folder(tmp_path / "imgs", classes=2, per_class=3, size=24)
     files = sorted(folder.rglob("*.png"))
     asked: list[bool] = []
-    real = pactl.embed.inference_model
+    real = pactl.embed.fastpath.inference_model
 
     def spy(*args: object, **kwargs: object) -> nn.Module:
         asked.append(bool(args[6] if len(args) > 6 else kwargs.get("compile", False)))
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(pactl.embed, "inference_model", spy)
-    monkeypatch.setattr(pactl.embed, "PREPARE_MIN_IMAGES", 2)
-    monkeypatch.setattr(pactl.embed, "COMPILE_MIN_IMAGES", 6)
+    monkeypatch.setattr(pactl.embed.fastpath, "inference_model", spy)
+    monkeypatch.setattr(pactl.embed.fastpath, "PREPARE_MIN_IMAGES", 2)
+    monkeypatch.setattr(pactl.embed.fastpath, "COMPILE_MIN_IMAGES", 6)
     FakeCompile(monkeypatch)
     net, config = network()
     embed_files(net, files[:5], config, CPU, QUIET, batch_size=4)
@@ -239,7 +240,7 @@ def test_compile_is_asked_for_from_compile_min_images_on(
 def test_real_compile_compiles_once_and_gives_the_eager_vectors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if pactl.embed.cpp_compiler() is None:
+    if pactl.embed.fastpath.cpp_compiler() is None:
         pytest.skip("no C++ compiler")
     import torch._dynamo
 
@@ -248,7 +249,7 @@ def test_real_compile_compiles_once_and_gives_the_eager_vectors(
     randomise_batchnorm(net, 10)
     with torch.inference_mode(False):
         fast = inference_model(net, config, CPU, compile=True)
-    assert isinstance(fast, pactl.embed.Compiled)
+    assert isinstance(fast, pactl.embed.fastpath.Compiled)
     x = batch(70, seed=11)
     with torch.inference_mode():  # as embed_files runs it: no recompilation for this mode
         got = fast(x)

@@ -23,15 +23,16 @@ import torchvision
 from conftest import make_class_folder, run_cli
 from PIL import Image
 
-import pactl.embed
+import pactl.loaders
 from pactl.config import IndexConfig, ModelConfig, problems
 from pactl.console import QUIET
-from pactl.embed import GpuJpegDecoder, embed_files, gpu_decoding, loader_for
+from pactl.embed import embed_files
 from pactl.errors import PactlError
 from pactl.index import build, delete_items, load_bundle, save_bundle
 from pactl.index import bundle as bundle_module
 from pactl.index.build import build_index, faiss_gpus
 from pactl.index.search import search
+from pactl.loaders import GpuJpegDecoder, gpu_decoding, loader_for
 from pactl.model import build_model
 
 CPU = torch.device("cpu")
@@ -346,7 +347,7 @@ class Decodes:
         self.batches: list[int] = []
         monkeypatch.setattr(torchvision.io, "decode_jpeg", self)
         # The decoder runs where a CUDA device would be: here, on the CPU.
-        monkeypatch.setattr(pactl.embed, "gpu_decoding", lambda device, asked: asked)
+        monkeypatch.setattr(pactl.loaders, "gpu_decoding", lambda device, asked: asked)
 
     def __call__(self, data: Any, mode: Any, device: Any) -> Any:
         assert torch.device(device) == CPU  # the embed device is passed through

@@ -360,7 +360,7 @@ def test_random_batchnorm_statistics_are_calibrated_before_epoch_0(tmp_path: Pat
     average over a few batches), not the (0, 1) the layers are born with."""
     from pactl.config import ModelConfig
     from pactl.distributed import World
-    from pactl.embed import loader_for
+    from pactl.loaders import loader_for
     from pactl.train import build_trainer, calibrate_batchnorm
 
     make_class_folder(tmp_path / "imgs", classes=6, per_class=4)

@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import FORKING_PACTL, make_class_folder
 
-from pactl import embed as embed_module
 from pactl.checkpoint import open_network
 from pactl.config import ModelConfig
 from pactl.console import QUIET
 from pactl.embed import PROGRESS_PREFIX, embed_to_folder, read_embedded
+from pactl.embed import vectors as embed_module
 
 
 @pytest.fixture

@@ -245,7 +245,7 @@ class ItemTable:
 
     def write(self, path: Path) -> None:
         """The `id,path,label,size,mtime_ns` CSV export."""
-        from pactl.embed import csv_writer
+        from pactl.output import csv_writer
 
         with open(path, "w", newline="", encoding=ENCODING, errors=ERRORS) as f:
             writer = csv_writer(f)
