@@ -425,14 +425,14 @@ def test_a_report_that_fails_at_write_time_is_one_line(
 ) -> None:
     """The folder was writable when checked and is not by the end (as for root, whom chmod
     does not stop): the write's own error is one line too."""
-    import pactl.cli
+    import pactl.cli.eval
 
     def denied(path: Path, *args: Any) -> None:
         raise PermissionError(13, "Permission denied", str(path))
 
     make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
     tiny_checkpoint(tmp_path / "best.pt")
-    monkeypatch.setattr(pactl.cli, "write_report", denied)
+    monkeypatch.setattr(pactl.cli.eval, "write_report", denied)
     args = ["eval", str(tmp_path / "imgs"), "--checkpoint", str(tmp_path / "best.pt")]
     code, out, err = run_cli([*args, "--quiet"], monkeypatch, capsys)
     assert code == 1 and out == ""

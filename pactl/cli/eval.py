@@ -1,0 +1,139 @@
+"""`pactl eval`: Recall@K, MAP@R, R-precision and NMI of a network, written as a report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pactl.cli.options import (
+    Backbone,
+    BackboneResize,
+    BackboneSize,
+    BackboneWeights,
+    Device,
+    FollowLinks,
+    Quiet,
+    Workers,
+    check_new_file,
+    check_option,
+    check_output,
+    check_source,
+    describe_backbone,
+    model_source,
+    parse_ks,
+    reporter,
+    to_stdout,
+    writing,
+)
+from pactl.config import (
+    PRESETS,
+    TRAIN_RULES,
+    ModelConfig,
+)
+from pactl.console import out
+from pactl.errors import UsageError
+from pactl.paths import runs_dir
+
+
+def eval_(
+    source: Annotated[
+        str | None,
+        typer.Argument(help="Dataset name, folder or CSV (default: the run's own dataset)."),
+    ] = None,
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="Default: the latest run's best.pt."),
+    ] = None,
+    backbone: Backbone = None,
+    weights: BackboneWeights = None,
+    image_size: BackboneSize = None,
+    resize_size: BackboneResize = None,
+    ks: Annotated[str | None, typer.Option(help="Recall@K list, e.g. 1,2,4,8.")] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(
+            help="CSV to write the metrics to (default: eval.csv in the checkpoint's run "
+            "folder, else in the current folder)."
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the report if it exists.")
+    ] = False,
+    workers: Workers = 0,
+    device: Device = "auto",
+    follow_links: FollowLinks = False,
+    quiet: Quiet = False,
+) -> None:
+    """Recall@K, MAP@R, R-precision and NMI of a checkpoint (or of a backbone with no training)
+    on a test split; the metrics go to stdout and to a CSV report.
+
+    Examples:
+
+    \b
+      pactl eval                             # latest run, its dataset
+      pactl eval cars196 --checkpoint runs/<run>/best.pt --report cars.csv
+      pactl eval my_photos/ --backbone resnet50   # the ImageNet start
+    """
+    from pactl.pipeline import eval_checkpoint
+    from pactl.train import latest_run, resumed_configs
+
+    if source is not None:
+        check_source(source)
+    if backbone is None and (checkpoint is None or source is None):
+        run = run_folder(checkpoint) if checkpoint else latest_run(runs_dir())
+        if run is None:
+            raise UsageError("give the dataset, folder or CSV to evaluate --checkpoint on")
+        checkpoint = checkpoint or run / "best.pt"
+        if source is None:
+            source, _, run_cfg = resumed_configs(run)
+            follow_links = follow_links or run_cfg.follow_links
+    if source is None:
+        raise UsageError("give the dataset, folder or CSV to evaluate on")
+    check_option("--device", device, TRAIN_RULES["device"])
+    report = report or default_report(checkpoint if backbone is None else None)
+    check_output(report, "--report", folder=False)
+    k_list = parse_ks(ks) if ks else PRESETS[source].train.eval_ks if source in PRESETS else None
+    check_new_file(report, overwrite)  # after the usage errors: a wrong option is named first
+    model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
+    log = reporter(quiet)
+    metrics = eval_checkpoint(
+        source, model_from, k_list or (1, 2, 4, 8), device, workers, log, follow_links
+    )
+    with writing(report):
+        write_report(report, source, model_from, metrics)
+    with to_stdout():
+        for key, value in metrics.items():
+            out.print(f"{key:12s} {value:.4f}")
+    log.log(f"wrote {report}")
+
+
+def run_folder(checkpoint: Path | None) -> Path | None:
+    """The run folder a checkpoint lies in (it holds config.json), if any."""
+    if checkpoint is None or not (checkpoint.parent / "config.json").is_file():
+        return None
+    return checkpoint.parent
+
+
+def default_report(checkpoint: Path | None) -> Path:
+    """eval.csv beside the run's metrics.csv, or in the current folder for a checkpoint that
+    is in no run folder (and for a backbone)."""
+    run = run_folder(checkpoint)
+    return run / "eval.csv" if run is not None else Path("eval.csv")
+
+
+def write_report(
+    path: Path, source: str, model_from: Path | ModelConfig, metrics: dict[str, float]
+) -> None:
+    import csv
+    import io
+
+    from pactl.fsutil import atomic_write_text
+
+    what = str(model_from) if isinstance(model_from, Path) else describe_backbone(model_from)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["dataset", "checkpoint", *metrics])
+    writer.writerow([source, what, *(f"{v:.6g}" for v in metrics.values())])
+    atomic_write_text(path, buffer.getvalue())

@@ -1,0 +1,266 @@
+"""`pactl index`: a FAISS bundle from vectors or images, and the bundle's upkeep (--add,
+--delete, --compact)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pactl.cli.options import (
+    Backbone,
+    BackboneResize,
+    BackboneSize,
+    BackboneWeights,
+    Device,
+    FaissDevice,
+    FollowLinks,
+    OnDisk,
+    Quiet,
+    check_option,
+    check_output,
+    check_source,
+    model_source,
+    option_name,
+    reporter,
+    stdin_names,
+    to_stdout,
+)
+from pactl.config import (
+    TRAIN_RULES,
+    IndexConfig,
+    check,
+)
+from pactl.console import Reporter, counted, literal, out
+from pactl.errors import PactlError, UsageError
+from pactl.paths import runs_dir
+
+
+def index(
+    source: Annotated[
+        str | None,
+        typer.Argument(
+            help="An embed output folder, or images with --checkpoint (default: the "
+            "latest run's test images)."
+        ),
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="Embed images with this.")
+    ] = None,
+    backbone: Backbone = None,
+    weights: BackboneWeights = None,
+    image_size: BackboneSize = None,
+    resize_size: BackboneResize = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Bundle folder (default: runs/<run>/index for a run's checkpoint, else ./index).",
+        ),
+    ] = None,
+    factory: Annotated[
+        str | None,
+        typer.Option(help="FAISS factory string, e.g. Flat (default: chosen by the set's size)."),
+    ] = None,
+    target_recall: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="Recall@10 against exact search a tuned index needs."),
+    ] = 0.95,
+    split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
+    add: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            file_okay=False,
+            help="Append SOURCE's new images to this bundle, and replace those whose file "
+            "changed (size or mtime); images gone from SOURCE stay (see --delete), and "
+            "deleted ones stay out while unchanged.",
+        ),
+    ] = None,
+    delete: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--delete",
+            metavar="ID_OR_PATH",
+            help="Delete an item (its id, or its image's path) from the bundle SOURCE; "
+            "repeatable; '-' reads one a line from stdin. Searches skip it at once.",
+        ),
+    ] = None,
+    compact: Annotated[
+        bool,
+        typer.Option(
+            "--compact", help="Remove the deleted items from the bundle SOURCE's index for real."
+        ),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Rebuild a bundle even if the new input lacks some of its items (those added "
+            "with --add, or other images), which it then drops.",
+        ),
+    ] = False,
+    on_disk: Annotated[
+        OnDisk,
+        typer.Option(
+            "--on-disk",
+            help="Index shards one at a time and merge their IVF lists into index.ivfdata, "
+            "read from disk at query time (for sets larger than memory). auto: when the shards' "
+            "vectors exceed the memory budget and the factory is IVF.",
+        ),
+    ] = OnDisk.auto,
+    faiss_device: Annotated[
+        FaissDevice,
+        typer.Option(
+            help="Where FAISS trains IVF lists, assigns vectors to them and searches exactly: "
+            "auto takes the GPUs when FAISS has them (the gpu extra), else the CPU.",
+        ),
+    ] = FaissDevice.auto,
+    device: Device = "auto",
+    follow_links: FollowLinks = False,
+    quiet: Quiet = False,
+) -> None:
+    """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
+
+    An embed folder with shards/ (from `pactl embed --shard i/n`) is merged in shard order.
+
+    With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
+
+    --delete marks items deleted (searches skip them at once, and a rebuild of the bundle
+    keeps them deleted); --compact removes them from the index for good. An integer names
+    an id: give a file named like one as ./123.
+
+    Examples:
+
+    \b
+      pactl index                          # right after `pactl train NAME`
+      pactl index vectors/ --out my_index/
+      pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
+      pactl index photos/ --backbone resnet50 --out baseline/   # no training
+      pactl index vectors/ --on-disk yes --factory IVF4096,Flat
+      pactl index new_photos/ --add runs/<run>/index      # no rebuild
+      pactl index my_index/ --delete 42 --delete photos/old.jpg
+      find gone/ -name '*.jpg' | pactl index my_index/ --delete -
+      pactl index my_index/ --compact      # drop deleted items from the index
+    """
+    from pactl import pipeline
+
+    log = reporter(quiet)
+    config = IndexConfig(
+        factory=factory,
+        target_recall=target_recall,
+        on_disk=on_disk.value,
+        faiss_device=faiss_device.value,
+    )
+    check(config, option_name, UsageError)
+    if factory is not None:
+        from pactl.index.build import check_factory_parses
+
+        try:
+            check_factory_parses(factory)
+        except PactlError as e:
+            raise UsageError(f"--factory: {e}") from None
+    if faiss_device is FaissDevice.gpu:  # before any embedding: a machine without one says so
+        from pactl.index.build import faiss_gpus
+
+        faiss_gpus(config.faiss_device)
+    check_option("--device", device, TRAIN_RULES["device"])
+    if out_dir is not None:
+        check_output(out_dir, "--out", folder=True)
+    if source is not None:
+        check_source(source)
+    if delete or compact:
+        return keep_bundle(source, delete or [], compact, add, log)
+    if add is not None:
+        if source is None:
+            raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
+        done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
+        replaced = done["replaced"]
+        also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
+        added = counted(done["added"], "item")
+        with to_stdout():
+            out.print(literal(f"added {added}{also} to {add} ({done['count']:,} in all)"))
+        return
+    if source is None:
+        bundle, meta = pipeline.index_latest_run(
+            runs_dir(), config, device, log, follow_links, overwrite=overwrite
+        )
+    elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
+        images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint is not None}
+        images_only |= {"--backbone": backbone is not None, "--split": split is not None}
+        for flag in [flag for flag, given in images_only.items() if given]:
+            raise UsageError(
+                f"{flag} is for indexing images; {source} holds vectors already embedded "
+                "(`pactl embed` takes it)"
+            )
+        if out_dir is not None:
+            check_apart(Path(source), out_dir)
+        bundle, meta = pipeline.index_vectors(
+            Path(source), out_dir, config, log, overwrite=overwrite
+        )
+    elif checkpoint is None and backbone is None:
+        raise UsageError(
+            f"{source} is not an embed output folder; to index images pass --checkpoint "
+            "or --backbone"
+        )
+    else:
+        model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
+        bundle, meta = pipeline.index_images(
+            source,
+            model_from,
+            out_dir,
+            split,
+            config,
+            device,
+            log,
+            follow_links=follow_links,
+            overwrite=overwrite,
+        )
+    with to_stdout():
+        factory = meta.get("factory", "?")
+        out.print(literal(f"indexed {counted(meta['count'], 'item')} ({factory}) in {bundle}"))
+
+
+def keep_bundle(
+    bundle: str | None, delete: list[str], compact: bool, add: Path | None, log: Reporter
+) -> None:
+    """`pactl index BUNDLE --delete ID_OR_PATH... [--compact]`: tombstones, then compaction."""
+    from pactl.index import bundle_count, compact_bundle, delete_items
+
+    if bundle is None:
+        raise UsageError("--delete and --compact need the bundle: pactl index BUNDLE --delete ID")
+    if add is not None:
+        raise UsageError("--add does not go with --delete or --compact: run them one after another")
+    names = [given for name in delete for given in (stdin_names() if name == "-" else [name])]
+    if delete and not names:
+        raise PactlError("--delete - read no ids or paths from standard input")
+    ids = [int(name) for name in names if re.fullmatch(r"[0-9]+", name)]
+    paths = [name for name in names if not re.fullmatch(r"[0-9]+", name)]
+    lines = []
+    if names:
+        n = delete_items(Path(bundle), ids, paths, log)
+        lines.append(
+            f"deleted {counted(n, 'item')} from {bundle} ({bundle_count(Path(bundle)):,} left)"
+        )
+    if compact:
+        done = compact_bundle(Path(bundle), log)
+        lines.append(
+            f"compacted {bundle}: removed {counted(done['removed'], 'deleted item')} "
+            f"({done['count']:,} in all)"
+        )
+    with to_stdout():
+        for line in lines:
+            out.print(literal(line))
+
+
+def check_apart(vectors: Path, bundle: Path) -> None:
+    """A bundle is never written into the vectors folder it is built from (or a folder inside
+    it): its items.csv and meta.json would replace the vectors' own."""
+    source, target = vectors.resolve(), bundle.resolve()
+    if target == source or source in target.parents:
+        raise UsageError(
+            f"--out {bundle} is the vectors folder {vectors} or inside it: the bundle would "
+            "overwrite its own input; give another folder"
+        )

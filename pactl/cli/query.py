@@ -1,0 +1,256 @@
+"""`pactl query`: top-k hits for query images (from arguments or stdin), as a table, CSV, JSON
+Lines or bare paths."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from pactl.cli.options import (
+    Device,
+    FaissDevice,
+    FollowLinks,
+    Format,
+    Quiet,
+    SearchDevice,
+    check_new_file,
+    check_option,
+    check_output,
+    reporter,
+    stdin_paths,
+    to_stdout,
+    writing,
+)
+from pactl.config import (
+    MAX_K,
+    TRAIN_RULES,
+)
+from pactl.console import Reporter, counted, err, literal, out
+from pactl.errors import PactlError, UsageError
+from pactl.paths import runs_dir
+
+if TYPE_CHECKING:  # the library's heavy side is imported by the commands that use it
+    from pactl.output import HitWriter
+    from pactl.pipeline import QueryChunk
+
+
+def query(
+    images: Annotated[
+        list[str],
+        typer.Argument(help="Image files or folders; '-' reads paths from stdin."),
+    ],
+    k: Annotated[
+        int, typer.Option("--k", "-k", min=1, max=MAX_K, help="Neighbours per query.")
+    ] = 4,
+    index_dir: Annotated[
+        Path | None, typer.Option("--index", help="Bundle folder (default: newest under runs/).")
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(exists=True, dir_okay=False, help="Default: the bundle's.")
+    ] = None,
+    fmt: Annotated[
+        Format | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="table | csv | jsonl (default: table on a terminal, jsonl in a pipe).",
+        ),
+    ] = None,
+    exclude_self: Annotated[
+        bool,
+        typer.Option("--exclude-self", help="Drop the query image itself from its hits (by id)."),
+    ] = False,
+    paths_only: Annotated[
+        bool, typer.Option("--paths-only", help="Print only the hit paths, one a line.")
+    ] = False,
+    null: Annotated[
+        bool,
+        typer.Option(
+            "--null",
+            "-0",
+            help="NUL-separated paths on both sides, as xargs -0: '-' reads them from stdin "
+            "(find -print0) and --paths-only writes them.",
+        ),
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Fail on the first unreadable query image.")
+    ] = False,
+    grid: Annotated[
+        Path | None,
+        typer.Option(help="Also draw the first 32 queries and their hits (.png, .jpg or .webp)."),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the --grid file if it exists.")
+    ] = False,
+    device: Device = "auto",
+    faiss_device: SearchDevice = FaissDevice.auto,
+    follow_links: FollowLinks = False,
+    server: Annotated[
+        str | None,
+        typer.Option(help="Send the queries to a running `pactl serve` at this URL (same output)."),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="PACTL_TOKEN", help="With --server: the service's token."),
+    ] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Top-k most similar indexed images for each query image, on stdout.
+
+    Unreadable query images are skipped with a line on stderr; when none can be read, the
+    command fails (exit 1).
+
+    Examples:
+
+    \b
+      pactl query img.png --k 4
+      find queries -name '*.png' | pactl query - --k 4 --format jsonl
+      find queries -name '*.png' -print0 | pactl query - -0 --paths-only
+      pactl query img.png --paths-only -0 | xargs -0 ls -l
+      pactl query queries/ --k 5 --grid hits.png
+      pactl query img.png --server http://127.0.0.1:8000
+    """
+    from pactl import pipeline
+    from pactl.output import HitWriter
+
+    log = reporter(quiet)
+    check_option("--device", device, TRAIN_RULES["device"])
+    check_query_io(images, grid, overwrite)
+    check_query_format(images, fmt, paths_only, null)
+    if server is not None:
+        local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
+        given = [name for name, value in local.items() if value is not None]
+        given += ["--device"] if device != "auto" else []
+        given += ["--faiss-device"] if faiss_device is not FaissDevice.auto else []
+        if given:
+            shown = ", ".join(given)
+            raise UsageError(f"--server queries the service's own bundle and network: drop {shown}")
+        from pactl.serve.client import check_url, remote_chunks
+
+        paths = query_paths(images, null, follow_links, log)
+        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self)
+        chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
+        skipped = answer_queries(
+            chunks, HitWriter(out, sys.stdout, chosen, paths_only, null), strict, None
+        )
+        if skipped:
+            log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
+        return
+    bundle = index_dir or pipeline.find_bundle(runs_dir())
+    if index_dir is None:
+        log.log(f"using index {bundle}")
+    chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
+    writer = HitWriter(out, sys.stdout, chosen, paths_only, null)
+    pictured: list[tuple[str, str | None, list[tuple[str, str, float]]]] = []
+    chunks = pipeline.query_chunks(
+        bundle,
+        query_paths(images, null, follow_links, log),
+        k,
+        checkpoint,
+        exclude_self,
+        device,
+        log,
+        know_labels=grid is not None,
+        faiss_device=faiss_device.value,
+    )
+    skipped = answer_queries(chunks, writer, strict, pictured if grid is not None else None)
+    if grid is not None:
+        from pactl.report import retrieval_grid
+
+        with writing(grid):
+            retrieval_grid(pictured, grid)
+        log.log(f"wrote {grid}")
+    if skipped:
+        log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
+
+
+# Skipped queries held back while none has been answered: past this many they are shown.
+HOLD_SKIPPED = 1000
+
+
+def answer_queries(
+    chunks: Iterator[QueryChunk],
+    writer: HitWriter,
+    strict: bool,
+    pictured: list[tuple[str, str | None, list[tuple[str, str, float]]]] | None,
+) -> int:
+    """Write each chunk's hits as it comes and say which queries were skipped; returns how many
+    were. A skip line waits until some query has been answered: when none can be read, the
+    command fails with one line instead (`--strict`: at the first unreadable image)."""
+    answered, skipped = 0, 0
+    held: list[tuple[str, str]] = []
+    for chunk in chunks:
+        if strict and chunk.failed:
+            raise PactlError("unreadable query image {}: {}".format(*chunk.failed[0]))
+        skipped += len(chunk.failed)
+        answered += len(chunk.names)
+        held += chunk.failed
+        if answered or len(held) > HOLD_SKIPPED:
+            for name, reason in held:
+                err.print(literal(f"skipped query {name}: {reason}"))
+            held = []
+        if chunk.hits:  # none: not even a CSV header before a failure
+            with to_stdout():
+                writer.write(chunk.hits)
+        for name, label, hits in zip(chunk.names, chunk.labels, chunk.hits, strict=True):
+            if pictured is not None and len(pictured) < 32:
+                pictured.append((name, label, [(h.path, h.label, h.score) for h in hits]))
+    with to_stdout():
+        writer.close()
+    if not answered:
+        raise PactlError(no_answer(skipped, held))
+    return skipped
+
+
+def no_answer(skipped: int, held: list[tuple[str, str]]) -> str:
+    """The one line for a query command that answered nothing."""
+    if not skipped:
+        return "no query images: the folders and standard input given named none"
+    if skipped == 1 and held:
+        return "cannot read query image {}: {}".format(*held[0])
+    first = " (first: {}: {})".format(*held[0]) if held else ""
+    return f"none of the {skipped} query images could be read{first}"
+
+
+def check_query_format(images: list[str], fmt: Format | None, paths_only: bool, null: bool) -> None:
+    """Options that would do nothing are refused rather than ignored: --format with
+    --paths-only (bare paths have no format), -0 with neither '-' nor --paths-only."""
+    if paths_only and fmt is not None:
+        raise UsageError("--paths-only writes bare paths; leave out --format")
+    if null and not paths_only and "-" not in images:
+        raise UsageError(
+            "-0 separates the paths read from '-' and those --paths-only writes; "
+            "this command has neither"
+        )
+
+
+def check_query_io(images: list[str], grid: Path | None, overwrite: bool = False) -> None:
+    """Before the bundle loads: a stdin to read for '-', a stdout for the hits, and a --grid
+    that can be written in the format its name says, replacing a file only when asked."""
+    if "-" in images and sys.stdin is None:
+        raise UsageError("'-' reads image paths from standard input, which is closed")
+    if sys.stdout is None:
+        raise PactlError("standard output is closed: the hits would go nowhere")
+    if grid is not None:
+        from pactl.report import check_image_path
+
+        check_output(grid, "--grid", folder=False)
+        check_image_path(grid)
+        check_new_file(grid, overwrite, "--grid")
+
+
+def query_paths(images: list[str], null: bool, follow_links: bool, reporter: Reporter) -> Any:
+    """Expand '-' (paths on stdin) and folders (their images), lazily."""
+    from pactl.datasets import list_images
+
+    for item in images:
+        if item == "-":
+            yield from stdin_paths(null)
+        elif Path(item).is_dir():
+            yield from list_images(Path(item), follow_links=follow_links, reporter=reporter)
+        else:
+            yield Path(item)
