@@ -148,24 +148,7 @@ def index(
     from pactl import pipeline
 
     log = reporter(quiet)
-    config = IndexConfig(
-        factory=factory,
-        target_recall=target_recall,
-        on_disk=on_disk.value,
-        faiss_device=faiss_device.value,
-    )
-    check(config, option_name, UsageError)
-    if factory is not None:
-        from pactl.index.build import check_factory_parses
-
-        try:
-            check_factory_parses(factory)
-        except PactlError as e:
-            raise UsageError(f"--factory: {e}") from None
-    if faiss_device is FaissDevice.gpu:  # before any embedding: a machine without one says so
-        from pactl.index.build import faiss_gpus
-
-        faiss_gpus(config.faiss_device)
+    config = index_config(factory, target_recall, on_disk, faiss_device)
     check_option("--device", device, TRAIN_RULES["device"])
     if out_dir is not None:
         check_output(out_dir, "--out", folder=True)
@@ -174,15 +157,7 @@ def index(
     if delete or compact:
         return keep_bundle(source, delete or [], compact, add, log)
     if add is not None:
-        if source is None:
-            raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
-        done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
-        replaced = done["replaced"]
-        also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
-        added = counted(done["added"], "item")
-        with to_stdout():
-            out.print(literal(f"added {added}{also} to {add} ({done['count']:,} in all)"))
-        return
+        return add_to(source, add, split, device, log, follow_links)
     if source is None:
         bundle, meta = pipeline.index_latest_run(
             runs_dir(), config, device, log, follow_links, overwrite=overwrite
@@ -190,11 +165,7 @@ def index(
     elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
         images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint is not None}
         images_only |= {"--backbone": backbone is not None, "--split": split is not None}
-        for flag in [flag for flag, given in images_only.items() if given]:
-            raise UsageError(
-                f"{flag} is for indexing images; {source} holds vectors already embedded "
-                "(`pactl embed` takes it)"
-            )
+        refuse_image_options(source, images_only)
         if out_dir is not None:
             check_apart(Path(source), out_dir)
         bundle, meta = pipeline.index_vectors(
@@ -221,6 +192,61 @@ def index(
     with to_stdout():
         factory = meta.get("factory", "?")
         out.print(literal(f"indexed {counted(meta['count'], 'item')} ({factory}) in {bundle}"))
+
+
+def index_config(
+    factory: str | None, target_recall: float, on_disk: OnDisk, faiss_device: FaissDevice
+) -> IndexConfig:
+    """The options as an IndexConfig, checked before any embedding: a factory FAISS cannot
+    parse, or --faiss-device gpu on a machine without one, is said at once."""
+    config = IndexConfig(
+        factory=factory,
+        target_recall=target_recall,
+        on_disk=on_disk.value,
+        faiss_device=faiss_device.value,
+    )
+    check(config, option_name, UsageError)
+    if factory is not None:
+        from pactl.index.build import check_factory_parses
+
+        try:
+            check_factory_parses(factory)
+        except PactlError as e:
+            raise UsageError(f"--factory: {e}") from None
+    if faiss_device is FaissDevice.gpu:
+        from pactl.index.build import faiss_gpus
+
+        faiss_gpus(config.faiss_device)
+    return config
+
+
+def add_to(
+    source: str | None,
+    add: Path,
+    split: str | None,
+    device: str,
+    log: Reporter,
+    follow_links: bool,
+) -> None:
+    """--add: embed `source` with the bundle's own network and add it, without a rebuild."""
+    from pactl import pipeline
+
+    if source is None:
+        raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
+    done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
+    replaced = done["replaced"]
+    also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
+    added = counted(done["added"], "item")
+    with to_stdout():
+        out.print(literal(f"added {added}{also} to {add} ({done['count']:,} in all)"))
+
+
+def refuse_image_options(source: str, given: dict[str, bool]) -> None:
+    for flag in [flag for flag, on in given.items() if on]:
+        raise UsageError(
+            f"{flag} is for indexing images; {source} holds vectors already embedded "
+            "(`pactl embed` takes it)"
+        )
 
 
 def keep_bundle(

@@ -31,12 +31,13 @@ from pactl.config import (
     PRESETS,
     TRAIN_RULES,
     ModelConfig,
+    Preset,
     TrainConfig,
     check,
     override,
     preset_for,
 )
-from pactl.console import literal, out, quoted
+from pactl.console import Reporter, literal, out, quoted
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
 
@@ -172,48 +173,18 @@ def train(
       torchrun --nproc-per-node 4 -m pactl train sop
       pactl train --resume latest
     """
-    from pactl.datasets import load_source
-    from pactl.model import check_model_config
-    from pactl.runtime import resolve_device
-    from pactl.train import fit, latest_run, prepare_run_dir, resumed_configs
-
+    given = {k: v for k, v in locals().items() if k in RESUME_REFUSES and v is not None}
     log = reporter(quiet)
     if name is not None:
         check_run_name(name)
     check_option("--device", device, TRAIN_RULES["device"])
     if resume:
-        given = {k: v for k, v in locals().items() if k in RESUME_REFUSES and v is not None}
-        if given:
-            names = ", ".join("--" + k.rstrip("_").replace("_", "-") for k in sorted(given))
-            raise UsageError(
-                f"--resume continues a run with its own settings: it takes --epochs, --device "
-                f"and --workers, not {names} (start a new run for other settings)"
-            )
-        run = latest_run(runs_dir()) if resume == "latest" else Path(resume)
-        source, model_cfg, cfg = resumed_configs(run)
-        cfg = check(
-            override(cfg, epochs=epochs, device=device, workers=workers), option_name, UsageError
-        )
+        run, source, model_cfg, cfg = resumed(resume, given, epochs, device, workers)
         why: list[str] = []
     else:
-        if source is None:
-            raise UsageError("give a dataset name, folder or CSV to train on (or --resume)")
-        check_source(source)
-        if preset and preset not in PRESETS:
-            raise UsageError(f"unknown preset {quoted(preset)}; choose one of {', '.join(PRESETS)}")
-        chosen = preset_for(source, preset, resolve_device(device or "auto").type)
-        model_cfg = override(
-            chosen.model,
-            backbone=backbone,
-            weights=weights,
-            embedding_dim=dim,
-            image_size=image_size,
-            resize_size=resize_size,
-        )
-        if image_size and not resize_size and chosen.model.resize_size:
-            # keep the preset's own resize-to-crop ratio (24/24 for digits)
-            ratio = chosen.model.resize_size / chosen.model.image_size
-            model_cfg = override(model_cfg, resize_size=round(image_size * ratio))
+        source = checked_source(source, preset)
+        chosen = preset_for(source, preset, device_type(device))
+        model_cfg = model_settings(chosen, backbone, weights, dim, image_size, resize_size)
         cfg = override(
             chosen.train,
             epochs=epochs,
@@ -241,50 +212,145 @@ def train(
             val_classes=val_classes,
             follow_links=follow_links,
         )
-        why = [f"settings: {chosen.source}"]
-        if val_classes and cfg.selection != "val":  # classes held out are there to choose
-            cfg = override(cfg, selection="val")
-            why.append("best.pt chosen by the validation classes --val-classes holds out")
-        if model_cfg.weights == "none":  # the preset's freezing and warm-up are for its weights
-            if freeze_bn is None and cfg.freeze_bn:
-                cfg = override(cfg, freeze_bn=False)
-            if warmup_epochs is None and cfg.warmup_epochs:
-                cfg = override(cfg, warmup_epochs=0)
-                why.append("no warm-up epochs: a random backbone has no features to protect")
-        model_cfg = with_preprocessing(model_cfg)
-        check_model_config(model_cfg, name=option_name, error=UsageError)
-        check(cfg, option_name, UsageError)
+        model_cfg, cfg, why = settled(chosen, model_cfg, cfg, given)
         run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
     if print_config:
-        from pactl.distributed import World
-        from pactl.train import explain, resolve_train_config
-
-        world = World(size=int(os.environ.get("WORLD_SIZE", "1")))
-        cfg = resolve_train_config(model_cfg, cfg, world)
-        why += explain(model_cfg, cfg)
-        with to_stdout():
-            out.print_json(data={"source": source, "why": why, **_configs(model_cfg, cfg)})
+        show_config(source, model_cfg, cfg, why)
         return
+    show_result(run_fit(source, model_cfg, cfg, run, log, bool(resume), overwrite))
+
+
+def resumed(
+    resume: str, given: dict[str, Any], epochs: int | None, device: str | None, workers: int | None
+) -> tuple[Path, str, ModelConfig, TrainConfig]:
+    """The run --resume names and its own settings; only --epochs, --device, --workers change."""
+    from pactl.train import latest_run, resumed_configs
+
+    if given:
+        names = ", ".join("--" + k.rstrip("_").replace("_", "-") for k in sorted(given))
+        raise UsageError(
+            f"--resume continues a run with its own settings: it takes --epochs, --device "
+            f"and --workers, not {names} (start a new run for other settings)"
+        )
+    run = latest_run(runs_dir()) if resume == "latest" else Path(resume)
+    source, model_cfg, cfg = resumed_configs(run)
+    cfg = check(
+        override(cfg, epochs=epochs, device=device, workers=workers), option_name, UsageError
+    )
+    return run, source, model_cfg, cfg
+
+
+def checked_source(source: str | None, preset: str | None) -> str:
+    if source is None:
+        raise UsageError("give a dataset name, folder or CSV to train on (or --resume)")
+    check_source(source)
+    if preset and preset not in PRESETS:
+        raise UsageError(f"unknown preset {quoted(preset)}; choose one of {', '.join(PRESETS)}")
+    return source
+
+
+def device_type(device: str | None) -> str:
+    from pactl.runtime import resolve_device
+
+    return resolve_device(device or "auto").type
+
+
+def model_settings(
+    chosen: Preset,
+    backbone: str | None,
+    weights: str | None,
+    dim: int | None,
+    image_size: int | None,
+    resize_size: int | None,
+) -> ModelConfig:
+    """The preset's model with the options given; a new --image-size keeps the preset's own
+    resize-to-crop ratio (24/24 for digits) unless --resize-size is given too."""
+    model_cfg = override(
+        chosen.model,
+        backbone=backbone,
+        weights=weights,
+        embedding_dim=dim,
+        image_size=image_size,
+        resize_size=resize_size,
+    )
+    if image_size and not resize_size and chosen.model.resize_size:
+        ratio = chosen.model.resize_size / chosen.model.image_size
+        model_cfg = override(model_cfg, resize_size=round(image_size * ratio))
+    return model_cfg
+
+
+def settled(
+    chosen: Preset, model_cfg: ModelConfig, cfg: TrainConfig, given: dict[str, Any]
+) -> tuple[ModelConfig, TrainConfig, list[str]]:
+    """What the options imply beyond themselves, checked, with the reasons for --print-config."""
+    from pactl.model import check_model_config
+
+    why = [f"settings: {chosen.source}"]
+    if given.get("val_classes") and cfg.selection != "val":  # held-out classes are to choose
+        cfg = override(cfg, selection="val")
+        why.append("best.pt chosen by the validation classes --val-classes holds out")
+    if model_cfg.weights == "none":  # the preset's freezing and warm-up are for its weights
+        if "freeze_bn" not in given and cfg.freeze_bn:
+            cfg = override(cfg, freeze_bn=False)
+        if "warmup_epochs" not in given and cfg.warmup_epochs:
+            cfg = override(cfg, warmup_epochs=0)
+            why.append("no warm-up epochs: a random backbone has no features to protect")
+    model_cfg = with_preprocessing(model_cfg)
+    check_model_config(model_cfg, name=option_name, error=UsageError)
+    check(cfg, option_name, UsageError)
+    return model_cfg, cfg, why
+
+
+def show_config(source: str, model_cfg: ModelConfig, cfg: TrainConfig, why: list[str]) -> None:
+    """--print-config: the settings as this machine would resolve them, and why, as JSON."""
+    from pactl.distributed import World
+    from pactl.train import explain, resolve_train_config
+
+    world = World(size=int(os.environ.get("WORLD_SIZE", "1")))
+    cfg = resolve_train_config(model_cfg, cfg, world)
+    why += explain(model_cfg, cfg)
+    with to_stdout():
+        out.print_json(data={"source": source, "why": why, **_configs(model_cfg, cfg)})
+
+
+def run_fit(
+    source: str,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    run: Path,
+    log: Reporter,
+    resume: bool,
+    overwrite: bool,
+) -> Any:
+    """Train into `run`; a run that fails before its first checkpoint leaves no folder behind."""
+    from pactl.datasets import load_source
+    from pactl.train import fit, prepare_run_dir
+
     check_output(run, "run folder", folder=True)
     manifest = load_source(source, log, follow_links=cfg.follow_links)
     created = not run.exists() or not any(run.iterdir())
-    prepare_run_dir(run, resume=bool(resume), overwrite=overwrite)
+    prepare_run_dir(run, resume=resume, overwrite=overwrite)
     try:
         with on_interrupt(lambda: _resume_hint(run, created)):
-            result = fit(source, manifest, model_cfg, cfg, run, log, resume=bool(resume))
+            return fit(source, manifest, model_cfg, cfg, run, log, resume=resume)
     except PactlError:
         if created and not (run / "checkpoint.pt").exists():  # nothing to resume: no dead end
             shutil.rmtree(run, ignore_errors=True)
         raise
+
+
+CHOOSERS = {
+    "val": "validation Recall@1, then MAP@R",
+    "test": "test Recall@1, then MAP@R",
+    "last": "last epoch",
+}
+
+
+def show_result(result: Any) -> None:
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
-    chooser = {
-        "val": "validation Recall@1, then MAP@R",
-        "test": "test Recall@1, then MAP@R",
-        "last": "last epoch",
-    }
     with to_stdout():
         out.print(literal(f"run: {result.run_dir}"))
-        chosen_by = chooser[result.selection]
+        chosen_by = CHOOSERS[result.selection]
         out.print(literal(f"best epoch {result.best_epoch} (by {chosen_by}): {best}"))
 
 

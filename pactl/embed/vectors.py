@@ -223,21 +223,14 @@ def embed_to_folder(
         write_rows(gen / "items.csv", ITEMS_COLUMNS, rows)
         skipped = [(str(todo_files[i]), reason) for i, reason in result.failed]
         write_rows(gen / "skipped.csv", ("path", "reason"), skipped)
-        meta = {
-            "format": VECTORS_FORMAT,
-            "version": VECTORS_VERSION,
-            "pactl_version": __version__,
-            "dimension": dim,
-            "count": len(keep),
-            "embedded": len(result.rows) - progress.carried,  # by this run
-            "reused": int((job.reuse >= 0).sum()),
-            "resumed": progress.carried,  # from an earlier run's committed progress
-            "skipped": len(skipped),
-            "metric": "ip",
-            "checkpoint": network.checkpoint,  # None: the backbone of model_config
-            "fingerprint": network.fingerprint,
-            "model_config": to_dict(model_config),
-        }
+        meta = vectors_meta(
+            network,
+            count=len(keep),
+            embedded=len(result.rows) - progress.carried,
+            reused=int((job.reuse >= 0).sum()),
+            resumed=progress.carried,
+            skipped=len(skipped),
+        )
         meta = record_files(gen, meta)
         (gen / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     Progress.clear(out_dir)  # the output holds it all now (or was up to date)
@@ -246,6 +239,29 @@ def embed_to_folder(
         meta = read_current(out_dir, lambda folder: read_vectors_in(folder, out_dir)[1])
         return {**meta, "embedded": 0, "reused": meta["count"], "skipped": 0}
     return meta
+
+
+def vectors_meta(
+    network: Network, count: int, embedded: int, reused: int, resumed: int, skipped: int
+) -> dict[str, Any]:
+    """meta.json of a vectors folder; `embedded` counts this run's images, `resumed` those
+    an earlier run had committed, `reused` those kept from the previous output."""
+    model_config = network.config
+    return {
+        "format": VECTORS_FORMAT,
+        "version": VECTORS_VERSION,
+        "pactl_version": __version__,
+        "dimension": model_config.dimension or model_config.embedding_dim,
+        "count": count,
+        "embedded": embedded,
+        "reused": reused,
+        "resumed": resumed,
+        "skipped": skipped,
+        "metric": "ip",
+        "checkpoint": network.checkpoint,  # None: the backbone of model_config
+        "fingerprint": network.fingerprint,
+        "model_config": to_dict(model_config),
+    }
 
 
 def stats_of(stats: list[tuple[int, int]], rows: np.ndarray) -> list[tuple[int, int]]:
