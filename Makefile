@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check pactl tests bench
 	$(BIN)/ruff format --check pactl tests bench
 	$(BIN)/mypy pactl
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix pactl tests bench
