@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,18 +52,36 @@ def gather_batch(
     """
     if not world.enabled:
         return embeddings, labels
-    from torch.distributed.nn.functional import all_gather
-
     counts = share_sizes(len(embeddings), world, embeddings.device)
     pad = max(counts) - len(embeddings)
     if pad:
         embeddings = torch.cat([embeddings, embeddings.new_zeros(pad, embeddings.shape[1])])
         labels = torch.cat([labels, labels.new_full((pad,), -1)])
-    parts = all_gather(embeddings)  # world x (max B, D), differentiable
+    parts = GatherWithGradients.apply(embeddings)  # (world, max B, D), differentiable
     label_list = [torch.empty_like(labels) for _ in range(world.size)]
     dist.all_gather(label_list, labels)
     gathered = torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)])
     return gathered, torch.cat([part[:n] for part, n in zip(label_list, counts, strict=True)])
+
+
+class GatherWithGradients(torch.autograd.Function):
+    """All ranks' (B, D) shares stacked as (world, B, D); backward sums, over the ranks, the
+    gradient each one's loss sends to this rank's share (every rank's loss used every share),
+    which DDP's averaging then turns into one process's gradient. Public collectives only:
+    torch.distributed.nn.functional.all_gather, which did this, is deprecated."""
+
+    @staticmethod
+    def forward(ctx: Any, share: torch.Tensor) -> torch.Tensor:
+        ctx.rank = dist.get_rank()
+        parts = [torch.empty_like(share) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, share.contiguous())
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)  # sum over ranks; gloo has no reduce_scatter for every dtype
+        return grad[ctx.rank]
 
 
 def share_sizes(rows: int, world: World, device: torch.device) -> list[int]:
