@@ -195,3 +195,19 @@ def test_docs_serve_the_bundle_pactl_index_writes(
     bundle.mkdir()
     (bundle / "meta.json").write_text("{}")
     assert bundle == run / "index" and find_bundle(Path("runs")) == bundle
+
+
+def test_the_image_check_passes_where_no_engine_is_installed(tmp_path: Path) -> None:
+    """bench/docker_check.sh builds nothing, and says so, on a machine without podman or docker."""
+    bash = shutil.which("bash")
+    assert bash is not None
+    (tmp_path / "dirname").symlink_to(shutil.which("dirname") or "/usr/bin/dirname")
+    done = subprocess.run(
+        [bash, str(ROOT / "bench" / "docker_check.sh")],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(tmp_path)},  # holds neither podman nor docker
+        timeout=10,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "neither podman nor a running docker engine" in done.stdout
