@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import io
 import json
 import math
 import os
@@ -31,6 +30,7 @@ from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text, make_folder
 from pactl.loaders import loader_for
 from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
+from pactl.output import csv_text
 from pactl.report import selection_score
 from pactl.runtime import autocast, resolve_device
 
@@ -412,12 +412,8 @@ def append_metrics(path: Path, columns: list[str], row: dict[str, Any]) -> None:
     """One CSV row per epoch, header written once; the file is replaced atomically with the new
     row added, so a kill or a full disk leaves every earlier row as it was."""
     before = path.read_text(encoding="utf-8") if path.exists() else ""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    if not before:
-        writer.writeheader()
-    writer.writerow({c: _fmt(row.get(c, "")) for c in columns})
-    atomic_write_text(path, before + buffer.getvalue())
+    text = csv_text(None if before else columns, [[_fmt(row.get(c, "")) for c in columns]])
+    atomic_write_text(path, before + text)
 
 
 def _fmt(value: Any) -> Any:

@@ -126,14 +126,9 @@ def default_report(checkpoint: Path | None) -> Path:
 def write_report(
     path: Path, source: str, model_from: Path | ModelConfig, metrics: dict[str, float]
 ) -> None:
-    import csv
-    import io
-
     from pactl.fsutil import atomic_write_text
+    from pactl.output import csv_text
 
     what = str(model_from) if isinstance(model_from, Path) else describe_backbone(model_from)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["dataset", "checkpoint", *metrics])
-    writer.writerow([source, what, *(f"{v:.6g}" for v in metrics.values())])
-    atomic_write_text(path, buffer.getvalue())
+    row = [source, what, *(f"{v:.6g}" for v in metrics.values())]
+    atomic_write_text(path, csv_text(["dataset", "checkpoint", *metrics], [row]))
