@@ -74,7 +74,7 @@ class CsvWriter:
 
     def __init__(self, stream: Any, quote: bool = True) -> None:
         quoting = csv.QUOTE_NONNUMERIC if quote else csv.QUOTE_MINIMAL
-        self._writer = csv.writer(stream, lineterminator="\n", quoting=quoting)
+        self._writer = csv.writer(stream, lineterminator="\n", quoting=quoting)  # type: ignore[arg-type]
 
     def writerow(self, row: Iterable[Any]) -> None:
         self._writer.writerow([escape_cell(v) for v in row])

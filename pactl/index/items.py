@@ -290,10 +290,18 @@ class ItemTable:
         for name in ("ids", "sizes", "mtimes", "path_ends", "label_codes", *counts):
             if len(column(name)) != counts.get(name, n):
                 raise PactlError(f"{path}: section {name} does not hold {n:,} rows: {FIX}")
+        for strings, what in ((paths, "path"), (names, "label")):
+            if len(strings) > 1 and (strings._ends[1:] < strings._ends[:-1]).any():
+                raise PactlError(f"{path} is damaged: its {what} offsets go backwards: {FIX}")
+        codes = column("label_codes")
+        if n and (int(codes.min()) < 0 or int(codes.max()) >= len(names)):
+            raise PactlError(
+                f"{path} is damaged: a label code is outside its {len(names):,} labels: {FIX}"
+            )
         return cls(
             column("ids"),
             paths,
-            Labels(column("label_codes"), names),
+            Labels(codes, names),
             column("sizes"),
             column("mtimes"),
             lookup=(identity, column("order"), column("sorted")),
