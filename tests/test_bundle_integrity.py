@@ -115,3 +115,40 @@ def test_bundles_without_checksums_still_open(bundle: Path) -> None:
     meta["checksums"] = {"algorithm": "blake2b-256", "generation": "another", "files": {}}
     (bundle / "meta.json").write_text(json.dumps(meta))  # left by a rewrite of an older pactl
     assert verify_bundle(bundle) is None
+
+
+def test_index_verify_says_what_it_checked_and_names_damage(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(["index", "--verify", str(bundle)], monkeypatch, capsys)
+    files = meta_of(bundle)["checksums"]["files"]
+    size = sum((bundle / name).stat().st_size for name in files)
+    assert code == 0, err
+    assert (
+        out.strip()
+        == f"verified {bundle}: {len(files)} files ({size:,} bytes) match their checksums"
+    )
+    flip(bundle / "index.faiss", (bundle / "index.faiss").stat().st_size - 3)
+    code, out, err = run_cli(["index", "--verify", str(bundle)], monkeypatch, capsys)
+    assert code == 1 and out == "" and f"{bundle}/index.faiss is damaged" in one_error(err)
+
+
+def test_index_verify_of_a_bundle_without_checksums(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    meta = meta_of(bundle)
+    del meta["checksums"]
+    (bundle / "meta.json").write_text(json.dumps(meta))
+    code, out, err = run_cli(["index", "--verify", str(bundle)], monkeypatch, capsys)
+    assert code == 0 and "no checksums recorded" in out, err
+    code, _, err = run_cli(["index", "--verify", str(bundle), "--compact"], monkeypatch, capsys)
+    assert code == 2 and "--verify goes alone" in one_error(err)
+
+
+def test_serve_refuses_a_damaged_bundle_at_start(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("uvicorn")
+    flip(bundle / "items.bin", section_offset(bundle / "items.bin", "path_bytes"))
+    code, out, err = run_cli(["serve", str(bundle), "--port", "0"], monkeypatch, capsys)
+    assert code == 1 and "items.bin is damaged" in one_error(err)

@@ -94,6 +94,14 @@ def index(
             "--compact", help="Remove the deleted items from the bundle SOURCE's index for real."
         ),
     ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Check the bundle SOURCE's files against the checksums its meta.json records "
+            "(every byte read); exit 1 naming a damaged file.",
+        ),
+    ] = False,
     overwrite: Annotated[
         bool,
         typer.Option(
@@ -144,6 +152,7 @@ def index(
       pactl index my_index/ --delete 42 --delete photos/old.jpg
       find gone/ -name '*.jpg' | pactl index my_index/ --delete -
       pactl index my_index/ --compact      # drop deleted items from the index
+      pactl index --verify my_index/       # every file against its recorded checksum
     """
     from pactl import pipeline
 
@@ -154,6 +163,8 @@ def index(
         check_output(out_dir, "--out", folder=True)
     if source is not None:
         check_source(source)
+    if verify:
+        return verify_only(source, bool(delete or compact or add), log)
     if delete or compact:
         return keep_bundle(source, delete or [], compact, add, log)
     if add is not None:
@@ -279,6 +290,27 @@ def keep_bundle(
     with to_stdout():
         for line in lines:
             out.print(literal(line))
+
+
+def verify_only(bundle: str | None, other_work: bool, log: Reporter) -> None:
+    """`pactl index --verify BUNDLE`: the bundle's files against their recorded checksums."""
+    from pactl.index import verify_bundle
+
+    if bundle is None:
+        raise UsageError("--verify needs the bundle: pactl index --verify BUNDLE")
+    if other_work:
+        raise UsageError("--verify goes alone: run --add, --delete or --compact apart from it")
+    checked = verify_bundle(Path(bundle), log)
+    if checked is None:
+        line = (
+            f"{bundle}: no checksums recorded (written by an older pactl): sizes, headers and "
+            "label codes checked; rebuild it with `pactl index` to record them"
+        )
+    else:
+        files = counted(len(checked.files), "file")
+        line = f"verified {bundle}: {files} ({checked.size:,} bytes) match their checksums"
+    with to_stdout():
+        out.print(literal(line))
 
 
 def check_apart(vectors: Path, bundle: Path) -> None:
