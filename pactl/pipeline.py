@@ -55,11 +55,13 @@ def embed_source(
     follow_links: bool = False,
     commit_every: int | None = None,
     gpu_decode: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Embed a source with a checkpoint or a backbone (`model_from`) into `out_dir`, or with
     `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
     in the whole (sorted) input list. Progress is committed every `commit_every` images
-    (default pactl.config.COMMIT_EVERY)."""
+    (default pactl.config.COMMIT_EVERY). Vectors of another network in `out_dir` are replaced
+    only with `overwrite`."""
     from pactl.embed import VECTORS_FILES, VECTORS_FORMAT, Shard, parse_shard
     from pactl.fsutil import check_replaceable
 
@@ -86,6 +88,7 @@ def embed_source(
         amp,
         commit_every=commit_every,
         gpu_decode=gpu_decode,
+        replace_other=overwrite,
     )
 
 
@@ -299,10 +302,14 @@ def add_to_index(
     reporter: Reporter,
     workers: int = 0,
     follow_links: bool = False,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     """Embed the images of `source` that the bundle lacks, or holds from before their file
     changed (size or mtime), with its own model and append them; a changed file's old item is
-    deleted in the same new generation. Files gone from `source` are not deleted."""
+    deleted in the same new generation. Files gone from `source` are not deleted.
+
+    `checkpoint`: the bundle's checkpoint where it lies now (its recorded place may be gone);
+    one with other weights than the bundle's is refused before any work."""
     from pactl.fsutil import remove_stale, writer_lock
     from pactl.index import check_folder, load_bundle
 
@@ -310,9 +317,25 @@ def add_to_index(
     with writer_lock(bundle_dir):  # one writer at a time; queries go on reading
         remove_stale(bundle_dir)  # a .add left by a killed --add
         bundle = load_bundle(bundle_dir, mmap=False)  # handed over: freed before the add
+        if checkpoint is not None:
+            check_own_checkpoint(checkpoint, bundle.meta, bundle_dir)
         files, labels = source_items(source, split, reporter, follow_links)
         return _add_locked(
-            files, labels, source, bundle, bundle_dir, device_name, reporter, workers
+            files, labels, source, bundle, bundle_dir, device_name, reporter, workers, checkpoint
+        )
+
+
+def check_own_checkpoint(checkpoint: Path, meta: dict[str, Any], bundle_dir: Path) -> None:
+    """Refuse a checkpoint whose weights are not those that made the bundle (fingerprints)."""
+    from pactl import checkpoint as ckpt
+
+    theirs = ckpt.fingerprint(ckpt.load(checkpoint)["model"])
+    mine = meta.get("fingerprint")
+    if theirs != mine:
+        raise PactlError(
+            f"{checkpoint} is not the network of {bundle_dir} (weights fingerprint "
+            f"{theirs[:12]}, the bundle's {str(mine)[:12]}): --add embeds with the bundle's own "
+            "network; give its checkpoint, or none, or build a new bundle"
         )
 
 
@@ -325,6 +348,7 @@ def _add_locked(
     device_name: str,
     reporter: Reporter,
     workers: int,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     from pactl.index import add_to_bundle, bundle_count
 
@@ -343,7 +367,7 @@ def _add_locked(
     scratch = bundle_dir / ".add"
     first = bundle.next_id
     ids = np.arange(first, first + len(new), dtype=np.int64)
-    recorded = bundle_checkpoint(bundle.meta, bundle_dir)
+    recorded = checkpoint or bundle_checkpoint(bundle.meta, bundle_dir)
     model_from: ModelSource = recorded or read_config(
         ModelConfig, bundle.meta.get("model_config"), f"{bundle_dir / 'meta.json'}: model_config"
     )
@@ -435,9 +459,11 @@ def embed_source_files(
     scratch: bool = False,
     commit_every: int | None = None,
     gpu_decode: bool = False,
+    replace_other: bool = False,
 ) -> dict[str, Any]:
     """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network
-    (`scratch`: into a private folder, pactl.embed.embed_to_folder)."""
+    (`scratch`: into a private folder; `replace_other`: over vectors of another network;
+    pactl.embed.embed_to_folder)."""
     from pactl.checkpoint import open_network
     from pactl.config import COMMIT_EVERY
     from pactl.embed import embed_to_folder
@@ -461,6 +487,7 @@ def embed_source_files(
         scratch=scratch,
         commit_every=commit_every or COMMIT_EVERY,
         gpu_decode=gpu_decode,
+        replace_other=replace_other,
     )
 
 
@@ -503,7 +530,11 @@ def index_images(
             live = set()  # damaged: index_vectors says so, and rebuilds it
         check_nothing_dropped(bundle, live, {os.path.abspath(f) for f in files}, source)
     ids = np.arange(len(files), dtype=np.int64)
-    embed_source_files(files, labels, ids, model_from, vectors_dir, device_name, reporter, workers)
+    # the bundle's own vectors: rebuilt with it, whatever network made the old ones
+    embed_source_files(
+        files, labels, ids, model_from, vectors_dir, device_name, reporter, workers,
+        replace_other=True,
+    )  # fmt: skip
     return index_vectors(vectors_dir, bundle, config, reporter, overwrite=True)
 
 

@@ -168,7 +168,9 @@ def index(
     if delete or compact:
         return keep_bundle(source, delete or [], compact, add, log)
     if add is not None:
-        return add_to(source, add, split, device, log, follow_links)
+        if backbone is not None:
+            raise UsageError("--add embeds with the bundle's own network: drop --backbone")
+        return add_to(source, add, split, device, log, follow_links, checkpoint)
     if source is None:
         bundle, meta = pipeline.index_latest_run(
             runs_dir(), config, device, log, follow_links, overwrite=overwrite
@@ -238,13 +240,17 @@ def add_to(
     device: str,
     log: Reporter,
     follow_links: bool,
+    checkpoint: Path | None = None,
 ) -> None:
-    """--add: embed `source` with the bundle's own network and add it, without a rebuild."""
+    """--add: embed `source` with the bundle's own network and add it, without a rebuild
+    (`checkpoint`: that network's file, where the recorded one moved; another is refused)."""
     from pactl import pipeline
 
     if source is None:
         raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
-    done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
+    done = pipeline.add_to_index(
+        source, add, split, device, log, follow_links=follow_links, checkpoint=checkpoint
+    )
     replaced = done["replaced"]
     also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
     added = counted(done["added"], "item")

@@ -172,10 +172,12 @@ def embed_to_folder(
     scratch: bool = False,
     commit_every: int = COMMIT_EVERY,
     gpu_decode: bool = False,
+    replace_other: bool = False,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
     one new generation of `out_dir` (pactl.fsutil): a kill leaves the old output or the new.
-    `scratch`: a private folder, without the visible links.
+    `scratch`: a private folder, without the visible links. Vectors of another network already
+    in `out_dir` are refused before any work, unless `replace_other` (`embed --overwrite`).
 
     Run again into the same folder with the same model, only new or changed files are embedded.
     Progress is committed every `commit_every` images (Progress): after a kill, the same command
@@ -187,6 +189,12 @@ def embed_to_folder(
     with new_generation(out_dir, VECTORS_FILES, links=not scratch) as gen:
         previous = read_previous(out_dir, network.fingerprint)
         other = other_network(out_dir, network.fingerprint) if previous is None else None
+        if other and not replace_other:
+            raise PactlError(
+                f"the vectors in {out_dir} come from another network (fingerprint {other[:12]}, "
+                f"this one's {network.fingerprint[:12]}): give --overwrite to replace them, "
+                "or another --out"
+            )
         if other:
             reporter.log(
                 f"the vectors in {out_dir} come from another network (fingerprint {other[:12]}):"
