@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from pactl.errors import Busy, PactlError
+from pactl.errors import Busy, PactlError, ReadOnly
 
 CURRENT = ".pactl-current"  # the link naming the current generation
 GENERATION_PREFIX = ".pactl-gen-"
@@ -163,7 +163,7 @@ def writer_lock(folder: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(folder)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -177,6 +177,22 @@ def writer_lock(folder: Path) -> Iterator[None]:
     finally:
         del _held_locks[key]
         os.close(fd)  # closing releases the flock
+
+
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _open_lock(folder: Path) -> int:
+    """The lock file's descriptor; ReadOnly when the folder cannot be written (a read-only
+    mount, or no permission), since then nothing in it can be changed either."""
+    try:
+        return os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        if e.errno not in READ_ONLY:
+            raise
+        raise ReadOnly(
+            f"{folder} is read-only ({e.strerror}): pactl cannot change it; reads still work"
+        ) from None
 
 
 KINDS = {"pactl.bundle": "an index bundle", "pactl.vectors": "embedded vectors"}
