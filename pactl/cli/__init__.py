@@ -125,3 +125,11 @@ def main() -> None:
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (`| head`): nothing more to say
         sys.exit(0)
+    except Exception as e:
+        from pactl.deps import broken_import
+
+        broken = broken_import(e)
+        if broken is None:
+            raise
+        err.print(literal(f"error: {broken}"))
+        sys.exit(1)
