@@ -22,7 +22,7 @@ from torch import nn
 from pactl import __version__
 from pactl import checkpoint as ckpt
 from pactl.config import ModelConfig, TrainConfig, read_config, to_dict, weights_words
-from pactl.console import Reporter, counted
+from pactl.console import QUIET, Reporter, counted
 from pactl.datasets import Manifest
 from pactl.distributed import World, barrier, gather_batch, init_world, share_sizes
 from pactl.embed import embed_files
@@ -353,9 +353,36 @@ class Splits:
     test: Manifest  # test, or query + gallery
 
 
-def check_splits(manifest: Manifest, cfg: TrainConfig) -> Splits:
+SKIPPED_FILE = "skipped.csv"  # the images of a run's manifest whose headers cannot be read
+
+
+def readable_rows(manifest: Manifest, run_dir: Path, reporter: Reporter, main: bool) -> Manifest:
+    """The manifest less the images whose header cannot be read (checked all at once before
+    training, not met one by one when drawn), which are reported once: one warning, and
+    run_dir/skipped.csv (path, reason) written by the main process."""
+    from pactl.images import unreadable_images
+    from pactl.output import write_rows
+
+    bad = unreadable_images(manifest.files(), reporter if main else QUIET)
+    if not bad:
+        return manifest
+    if main:
+        with writing_in(run_dir):
+            write_rows(run_dir / SKIPPED_FILE, ("path", "reason"), bad)
+        path, reason = bad[0]
+        reporter.warn(
+            f"{counted(len(bad), 'unreadable image')} left out of training and evaluation "
+            f"({path}: {reason}); all listed in {run_dir / SKIPPED_FILE}"
+        )
+    gone = {path for path, _ in bad}
+    keep = [i for i, f in enumerate(manifest.files()) if str(f) not in gone]
+    return dataclasses.replace(manifest.subset(keep), duplicates=manifest.duplicates)
+
+
+def check_splits(manifest: Manifest, cfg: TrainConfig, unreadable: int = 0) -> Splits:
     """Train, validation and test parts; without a `val` split in the manifest, a share
-    (cfg.val_classes) of the train classes is held out as validation classes."""
+    (cfg.val_classes) of the train classes is held out as validation classes. `unreadable`:
+    images already left out, named when too few are left for a batch."""
     train = manifest.select("train")
     val = manifest.select("val")
     if not len(val) and cfg.val_classes > 0:
@@ -366,8 +393,11 @@ def check_splits(manifest: Manifest, cfg: TrainConfig) -> Splits:
     if len(evaluation) == 0:
         raise PactlError(f"{manifest.source}: the test split is empty")
     if cfg.batch_size > len(train):
+        left = f", {unreadable:,} unreadable images left out" if unreadable else ""
         raise PactlError(
-            f"--batch-size {cfg.batch_size} is larger than the train split ({len(train)} images)"
+            f"--batch-size {cfg.batch_size} is larger than the train split "
+            f"({counted(len(train), 'readable image' if unreadable else 'image')}{left}): "
+            "give a smaller --batch-size"
         )
     return Splits(train, val, evaluation)
 
@@ -533,7 +563,9 @@ def fit(
             f"--batch-size {cfg.batch_size} is not divisible by {world.size} processes"
         )
     cfg = resolve_train_config(model_cfg, cfg, world)
-    splits = check_splits(manifest, cfg)
+    readable = readable_rows(manifest, run_dir, reporter, world.is_main)
+    splits = check_splits(readable, cfg, len(manifest) - len(readable))
+    manifest = readable
     if cfg.selection == "val" and not len(splits.val):
         why = "--val-classes 0" if not cfg.val_classes else "too few train classes to hold out"
         reporter.log(f"no validation classes ({why}): best.pt is the last epoch")
