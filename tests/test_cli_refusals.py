@@ -48,12 +48,12 @@ def test_add_refuses_a_checkpoint_that_is_not_the_bundles(
 def read_only_bundle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Iterator[Path]:
-    """A bundle seen through a read-only bind mount: writes fail with EROFS for root too (root
-    ignores chmod, and the suite runs as root)."""
+    """tmp_path/served/bundle: a bundle seen through a read-only bind mount, so writes fail
+    with EROFS for root too (root ignores chmod, and the suite runs as root)."""
     bundle = tiny_bundle(tmp_path, monkeypatch, capsys)
     (bundle / ".pactl-lock").unlink()  # the build's writer left it; a read must not make one
-    seen = tmp_path / "ro"
-    seen.mkdir()
+    seen = tmp_path / "served" / "bundle"
+    seen.mkdir(parents=True)
     done = subprocess.run(
         ["mount", "--bind", "-o", "ro", str(bundle), str(seen)], capture_output=True
     )
@@ -92,3 +92,20 @@ def test_writes_to_a_read_only_bundle_are_one_line(
     code, out, err = run_cli(["index", "--verify", str(bundle)], monkeypatch, capsys)
     assert code == 0 and out.startswith("verified"), err
     assert not (bundle / ".pactl-lock").exists()
+
+
+def test_serve_answers_from_a_read_only_bundle(read_only_bundle: Path, tmp_path: Path) -> None:
+    pytest.importorskip("fastapi")
+    from test_serve import start_service, stop_service
+
+    service = start_service(read_only_bundle.parent)
+    try:
+        image = tmp_path / "imgs" / "class_0" / "0.png"
+        with service.client() as client:
+            files = [("files", (image.name, image.read_bytes(), "image/png"))]
+            answer = client.post("/query?k=2", files=files)
+    finally:
+        stop_service(service)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["results"][0]["hits"]) == 2
+    assert not (read_only_bundle / ".pactl-lock").exists()
