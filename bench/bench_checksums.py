@@ -66,10 +66,11 @@ def main() -> None:
         with mock.patch.object(checksums, "record", lambda *a, **k: empty):
             without = timed(lambda: save_bundle(work / "plain", index, rows, meta), args.repeat)
         save_bundle(bundle, index, rows, meta)
-        size = sum(f.stat().st_size for f in bundle.iterdir() if f.name != "meta.json")
+        files = [f for f in bundle.iterdir() if f.is_file() and not f.name.startswith(".")]
+        size = sum(f.stat().st_size for f in files if f.name != "meta.json")
 
         def read_and_open() -> None:
-            for f in bundle.iterdir():
+            for f in files:
                 f.read_bytes()
             load_bundle(bundle)
 
