@@ -623,15 +623,33 @@ def query_chunks(
     faiss_device: str = "auto",
 ) -> Any:
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
+    opened = open_query_model(bundle_dir, checkpoint, device_name, faiss_device)
+    yield from answer_chunks(
+        *opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels
+    )
+
+
+def answer_chunks(
+    bundle: Any,
+    model: Any,
+    model_cfg: ModelConfig,
+    device: Any,
+    images: Any,
+    k: int,
+    exclude_self: bool,
+    reporter: Reporter,
+    chunk: int = 512,
+    batch_size: int = 128,
+    know_labels: bool = False,
+) -> Any:
+    """query_chunks over a bundle and model already open (open_query_model): `pactl query` and
+    pactl.api.Index.query embed and search query files by this one loop."""
     from itertools import islice
 
     from pactl.embed import embed_files, fastpath
     from pactl.images import reason_of
     from pactl.index.search import PathIndex, hits, search
 
-    bundle, model, model_cfg, device = open_query_model(
-        bundle_dir, checkpoint, device_name, faiss_device
-    )
     if k > bundle.live_count:
         reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
     # Queries are found among the indexed items only when that is asked for.
