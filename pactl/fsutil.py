@@ -195,7 +195,11 @@ def _open_lock(folder: Path) -> int:
         ) from None
 
 
-KINDS = {"pactl.bundle": "an index bundle", "pactl.vectors": "embedded vectors"}
+KINDS = {
+    "pactl.bundle": "an index bundle",
+    "pactl.vectors": "embedded vectors",
+    "pactl.parquet": "vectors in the Parquet layout",
+}
 
 
 def check_replaceable(folder: Path, kind: str, names: Collection[str]) -> None:

@@ -102,8 +102,13 @@ def gather_vectors(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
 
 def read_parts(folder: Path) -> tuple[list[tuple[np.ndarray, Any]], dict[str, Any]]:
     """Per shard, in shard order, its memory-mapped vectors and ItemTable, and the set's meta
-    (count summed); a folder without shards/ is one part. Nothing is joined or copied."""
+    (count summed); a folder without shards/ is one part, and so is each shard of the Parquet
+    layout (pactl.interop.parquet). Nothing is joined or copied."""
     from pactl.embed import Shard, read_embedded
+    from pactl.interop.parquet import is_parquet_folder, read_parquet
+
+    if is_parquet_folder(folder):
+        return read_parquet(folder)
 
     shards = sorted((folder / "shards").glob("*-of-*/meta.json"))
     if not shards:
