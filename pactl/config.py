@@ -75,6 +75,29 @@ class IndexConfig:
     faiss_device: str = "auto"  # auto | cpu | gpu: where FAISS trains, adds and searches exactly
 
 
+# ONNX export: torch's default opset for its exporters (torch.onnx's ONNX_DEFAULT_OPSET, 2.5 to
+# 2.14); 17 brings LayerNormalization (timm's transformers), onnxruntime 1.18 runs up to 21
+ONNX_OPSET, ONNX_MIN_OPSET, ONNX_MAX_OPSET = 20, 17, 21
+
+
+@dataclass(frozen=True)
+class OnnxConfig:
+    opset: int = ONNX_OPSET  # ONNX operator set the graph is written in
+    check_images: int = 3  # random images run by torch and onnxruntime before the file is kept
+    tolerance: float = 1e-4  # their vectors' least cosine must be 1 - tolerance or more
+
+
+@dataclass(frozen=True)
+class ParquetConfig:
+    rows_per_shard: int = 1_000_000  # vectors per .npy shard (2 GB of 512-d float32)
+
+
+@dataclass(frozen=True)
+class QdrantConfig:
+    collection: str = "pactl"  # the collection's name
+    batch_size: int = 256  # points per upsert (and per lookup of the ids already there)
+
+
 @dataclass(frozen=True)
 class Preset:
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pactl.config import IndexConfig, ModelConfig, Preset, read_config
+from pactl.config import (
+    IndexConfig,
+    ModelConfig,
+    OnnxConfig,
+    ParquetConfig,
+    Preset,
+    QdrantConfig,
+    read_config,
+)
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 
@@ -626,12 +634,24 @@ def query_chunks(
     batch_size: int = 128,
     know_labels: bool = False,
     faiss_device: str = "auto",
+    qdrant: tuple[str, str] | None = None,
 ) -> Any:
-    """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
+    """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number.
+    `qdrant`: (URL or folder, collection) searched instead of the bundle's index, the queries
+    embedded with the bundle's network all the same."""
     opened = open_query_model(bundle_dir, checkpoint, device_name, faiss_device)
-    yield from answer_chunks(
-        *opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels
-    )
+    find = None
+    if qdrant is not None:
+        from pactl.interop.qdrant import QdrantSearch
+
+        find = QdrantSearch(*qdrant, int(opened[0].index.d), k)
+    try:
+        yield from answer_chunks(
+            *opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels, find
+        )
+    finally:
+        if find is not None:
+            find.close()
 
 
 def answer_chunks(
@@ -646,9 +666,11 @@ def answer_chunks(
     chunk: int = 512,
     batch_size: int = 128,
     know_labels: bool = False,
+    find: Any = None,
 ) -> Any:
     """query_chunks over a bundle and model already open (open_query_model): `pactl query` and
-    pactl.api.Index.query embed and search query files by this one loop."""
+    pactl.api.Index.query embed and search query files by this one loop. `find(names, vectors,
+    own ids or None)` gives the hits instead of the bundle's index (a Qdrant collection)."""
     from itertools import islice
 
     from pactl.embed import embed_files, fastpath
@@ -667,10 +689,53 @@ def answer_chunks(
         done = embed_files(model, batch, model_cfg, device, reporter, batch_size=batch_size)
         names = [str(batch[i]) for i in done.rows]
         own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
-        scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
+        if find is None:
+            scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
+            found = hits(bundle, names, scores, ids)
+        else:
+            found = find(names, done.vectors, own if exclude_self else None)
         failed = [(str(batch[i]), reason_of(batch[i], why)) for i, why in done.failed]
         labels = [_item_label(bundle, int(i)) for i in own]
-        yield QueryChunk(names, hits(bundle, names, scores, ids), failed, labels)
+        yield QueryChunk(names, found, failed, labels)
+
+
+def export_onnx(
+    checkpoint: Path, out: Path, config: OnnxConfig, reporter: Reporter
+) -> dict[str, Any]:
+    """`pactl export CHECKPOINT --to onnx`: the network as an ONNX file checked by
+    onnxruntime (pactl.interop.onnx_model)."""
+    from dataclasses import asdict
+
+    from pactl.interop.onnx_model import export_onnx as export
+
+    return asdict(export(checkpoint, out, config, reporter))
+
+
+def export_parquet(
+    vectors_dir: Path, out: Path, config: ParquetConfig, reporter: Reporter
+) -> dict[str, Any]:
+    """`pactl export VECTORS --to parquet`: a vectors folder (its shards in order) in the
+    clip-retrieval layout (pactl.interop.parquet)."""
+    from pactl.interop.parquet import write_parquet
+
+    check_apart(vectors_dir, out)
+    parts, meta = read_parts(vectors_dir)
+    return write_parquet(parts, meta, out, reporter, config)
+
+
+def export_qdrant(
+    source: Path, target: str, config: QdrantConfig, reporter: Reporter
+) -> dict[str, int]:
+    """`pactl export BUNDLE --to qdrant`: a bundle's live items (or a vectors folder's) as
+    points of a Qdrant collection, skipping those already there (pactl.interop.qdrant)."""
+    from pactl.index import META_FILE, load_bundle
+    from pactl.interop.qdrant import bundle_vectors, export_vectors
+
+    if (source / META_FILE).is_file() and (source / "index.faiss").exists():
+        vectors, items = bundle_vectors(load_bundle(source, mmap=False))
+    else:
+        vectors, items, _ = gather_vectors(source)
+    return export_vectors(vectors, items, target, config, reporter)
 
 
 def _item_label(bundle: Any, item_id: int) -> str | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pactl.config import ParquetConfig
 from tests.conftest import unit
 from tests.test_api import tiny_run
 
@@ -29,7 +30,7 @@ def test_round_trip_keeps_every_vector_and_column(vectors: Path, tmp_path: Path)
     from pactl.pipeline import read_parts
 
     parts, meta = read_parts(vectors)
-    write_parquet(parts, meta, tmp_path / "pq", rows_per_shard=5)
+    write_parquet(parts, meta, tmp_path / "pq", config=ParquetConfig(5))
     shards = sorted((tmp_path / "pq" / "embeddings").glob("*.npy"))
     assert len(shards) == 4  # 16 rows, 5 a shard
     # The reference: items.csv and vectors.npy as written by embed, read by csv and numpy.
@@ -53,7 +54,7 @@ def test_a_bundle_of_the_parquet_layout_answers_as_one_of_the_vectors(
     from pactl.interop.parquet import write_parquet
     from pactl.pipeline import read_parts
 
-    write_parquet(*read_parts(vectors), tmp_path / "pq", rows_per_shard=7)
+    write_parquet(*read_parts(vectors), tmp_path / "pq", config=ParquetConfig(7))
     a = pactl.open_index(pactl.build_index(vectors, out=tmp_path / "a", factory="Flat"))
     b = pactl.open_index(pactl.build_index(tmp_path / "pq", out=tmp_path / "b", factory="Flat"))
     queries = sorted((tmp_path / "photos").rglob("*.png"))[:4]

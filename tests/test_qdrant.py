@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from pactl.console import QUIET
 from tests.test_api import tiny_run
 
 
@@ -23,25 +24,30 @@ def bundle(tmp_path: Path) -> Path:
 
 def test_exact_search_in_qdrant_gives_the_bundles_top_k(bundle: Path, tmp_path: Path) -> None:
     import pactl
-    from pactl.interop.qdrant import export_vectors, search, source_vectors
+    from pactl.config import QdrantConfig
+    from pactl.interop.qdrant import QdrantSearch
+    from pactl.pipeline import export_qdrant
 
-    vectors, items = source_vectors(bundle)
-    done = export_vectors(vectors, items, str(tmp_path / "qd"))
+    done = export_qdrant(bundle, str(tmp_path / "qd"), QdrantConfig(), QUIET)
     assert done == {"written": 16, "skipped": 0, "count": 16}
     index = pactl.open_index(bundle)
     files = sorted((tmp_path / "photos").rglob("*.png"))[:5]
     queries = index.vectors_of([Image.open(p) for p in files])
     want = [[(h.id, h.path, h.label, h.score) for h in row] for row in index.search(queries, k=6)]
-    got = search(str(tmp_path / "qd"), "pactl", queries, k=6)
+    found = QdrantSearch(str(tmp_path / "qd"), "pactl", 16, k=6)
+    got = [[(h.id, h.path, h.label, h.score) for h in row] for row in found(["q"] * 5, queries)]
+    found.close()
     assert [[r[:3] for r in row] for row in got] == [[r[:3] for r in row] for row in want]
     np.testing.assert_allclose([[r[3] for r in row] for row in got],
                                [[r[3] for r in row] for row in want], atol=1e-5)  # fmt: skip
 
 
 def test_a_second_export_writes_only_what_is_missing(bundle: Path, tmp_path: Path) -> None:
-    from pactl.interop.qdrant import QdrantConfig, export_vectors, source_vectors
+    from pactl.config import QdrantConfig
+    from pactl.index import load_bundle
+    from pactl.interop.qdrant import bundle_vectors, export_vectors
 
-    vectors, items = source_vectors(bundle)
+    vectors, items = bundle_vectors(load_bundle(bundle))
     config = QdrantConfig(batch_size=4)
     first = export_vectors(vectors[:6], items.take(np.arange(16) < 6), str(tmp_path / "qd"), config)
     assert first["written"] == 6  # a stopped export: 6 of 16 points there
@@ -51,11 +57,12 @@ def test_a_second_export_writes_only_what_is_missing(bundle: Path, tmp_path: Pat
 
 def test_deleted_items_are_not_exported(bundle: Path, tmp_path: Path) -> None:
     import pactl
-    from pactl.interop.qdrant import source_vectors
+    from pactl.index import load_bundle
+    from pactl.interop.qdrant import bundle_vectors
 
     index = pactl.open_index(bundle)
     index.delete(ids=[3, 7])
-    _, items = source_vectors(bundle)
+    _, items = bundle_vectors(load_bundle(bundle))
     assert sorted(items.ids.tolist()) == [i for i in range(16) if i not in (3, 7)]
 
 

@@ -19,26 +19,22 @@ from typing import Any
 import numpy as np
 
 from pactl import __version__
-from pactl.config import ModelConfig, read_config, to_dict
+from pactl.config import (
+    ONNX_MAX_OPSET,
+    ONNX_MIN_OPSET,
+    ModelConfig,
+    OnnxConfig,
+    read_config,
+    to_dict,
+)
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.interop import require
 
 ONNX_FORMAT = "pactl.onnx"
 ONNX_VERSION = 1
-# torch's default opset for its exporters (torch.onnx's ONNX_DEFAULT_OPSET, 2.5 to 2.14);
-# onnxruntime runs opsets up to 21 from release 1.18 on, the extra's lowest
-DEFAULT_OPSET = 20
-MIN_OPSET, MAX_OPSET = 17, 21  # 17: LayerNormalization, which timm's transformers need
 INPUT, OUTPUT = "images", "embeddings"
 EXTRA = ("onnx", "onnx", "onnxruntime")  # extra, modules
-
-
-@dataclass(frozen=True)
-class OnnxConfig:
-    opset: int = DEFAULT_OPSET  # ONNX operator set the graph is written in
-    check_images: int = 3  # random images run through torch and onnxruntime before the file is kept
-    tolerance: float = 1e-4  # least cosine between the two runs' vectors is 1 - tolerance
 
 
 @dataclass(frozen=True)
@@ -64,8 +60,10 @@ def export_onnx(
     from pactl.fsutil import atomic_path
 
     require("pactl export --format onnx", *EXTRA)
-    if not MIN_OPSET <= config.opset <= MAX_OPSET:
-        raise PactlError(f"opset {config.opset}: choose one from {MIN_OPSET} to {MAX_OPSET}")
+    if not ONNX_MIN_OPSET <= config.opset <= ONNX_MAX_OPSET:
+        raise PactlError(
+            f"opset {config.opset}: choose one from {ONNX_MIN_OPSET} to {ONNX_MAX_OPSET}"
+        )
     model, model_cfg, payload = load_model(checkpoint)
     side = model_cfg.image_size
     generator = torch.Generator().manual_seed(0)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pactl import __version__, records
+from pactl.config import ParquetConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.interop import require
@@ -30,7 +31,6 @@ EMBEDDINGS, METADATA, META = "embeddings", "metadata", "meta.json"
 PARQUET_FILES = (EMBEDDINGS, METADATA, META)
 COLUMNS = ("id", "path", "label", "size", "mtime_ns")
 PATH_COLUMNS = ("path", "image_path")  # pactl's, clip-retrieval's
-ROWS_PER_SHARD = 1_000_000  # 2 GB of 512-d float32 per .npy: what one reader maps at a time
 UNIT_TOLERANCE = 1e-3  # |norm - 1| allowed of a vector read back (float16 sources round)
 EXTRA = ("parquet", "pyarrow")  # extra, module
 
@@ -45,11 +45,12 @@ def write_parquet(
     meta: dict[str, Any],
     out: Path,
     reporter: Reporter = QUIET,
-    rows_per_shard: int = ROWS_PER_SHARD,
+    config: ParquetConfig = ParquetConfig(),
 ) -> dict[str, Any]:
     """Write vectors (`parts`: (vectors, ItemTable) pairs, as pactl.pipeline.read_parts gives a
     vectors folder) to `out` in the layout, as one new generation; `meta` is the vectors'
-    meta.json. Returns the meta.json written."""
+    meta.json; `config.rows_per_shard` vectors go to a shard at most. Returns the meta.json
+    written."""
     require("Parquet vectors", *EXTRA)
     from pactl.fsutil import check_replaceable, new_generation
 
@@ -60,8 +61,8 @@ def write_parquet(
         (gen / EMBEDDINGS).mkdir()
         (gen / METADATA).mkdir()
         for vectors, items in parts:
-            for start in range(0, len(vectors), rows_per_shard):
-                stop = min(start + rows_per_shard, len(vectors))
+            for start in range(0, len(vectors), config.rows_per_shard):
+                stop = min(start + config.rows_per_shard, len(vectors))
                 _write_shard(gen, shards, vectors[start:stop], items, start, stop)
                 shards += 1
                 advance(stop - start)

@@ -13,24 +13,19 @@ more than some tens of thousands of points).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pactl.config import QdrantConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
+from pactl.index.search import Hit
 from pactl.interop import require
 
 EXTRA = ("qdrant", "qdrant_client")  # extra, module
 DISTANCE = "Dot"  # Qdrant's name for the inner product
-
-
-@dataclass(frozen=True)
-class QdrantConfig:
-    collection: str = "pactl"  # the collection's name
-    batch_size: int = 256  # points per upsert (and per lookup of the ids already there)
 
 
 def connect(target: str) -> Any:
@@ -67,21 +62,12 @@ def ensure_collection(client: Any, name: str, dimension: int) -> bool:
     return False
 
 
-def source_vectors(source: Path) -> tuple[np.ndarray, Any]:
-    """(vectors, ItemTable) of the live items of a bundle (its index gives back the vectors
-    it holds: exact for Flat and IVF-Flat, the coded ones for lossy kinds), or of a vectors
-    folder (pactl embed's output or the Parquet layout)."""
-    from pactl.index import META_FILE, load_bundle
-
-    if (source / META_FILE).is_file() and (source / "index.faiss").exists():
-        bundle = load_bundle(source, mmap=False)
-        live = ~bundle.is_deleted(bundle.items.ids)
-        items = bundle.items.take(live)
-        return _reconstruct(bundle.index, items.ids, source), items
-    from pactl.pipeline import gather_vectors
-
-    vectors, items, _ = gather_vectors(source)
-    return vectors, items
+def bundle_vectors(bundle: Any) -> tuple[np.ndarray, Any]:
+    """(vectors, ItemTable) of a loaded bundle's live items, from its index: exact for Flat and
+    IVF-Flat, the coded ones for lossy kinds (PQ, SQ)."""
+    live = ~bundle.is_deleted(bundle.items.ids)
+    items = bundle.items.take(live)
+    return _reconstruct(bundle.index, items.ids, bundle.path), items
 
 
 def _reconstruct(index: Any, ids: np.ndarray, source: Path) -> np.ndarray:
@@ -142,32 +128,54 @@ def export_vectors(
     return {"written": written, "skipped": skipped, "count": count}
 
 
-def search(
-    target: str, collection: str, vectors: np.ndarray, k: int, exact: bool = True
-) -> list[list[tuple[int, str, str, float]]]:
-    """Per query vector, its top-k points as (id, path, label, score), best first (`exact`:
-    every point compared, as a Flat bundle does)."""
-    from qdrant_client import models
+class QdrantSearch:
+    """Top-k hits from a Qdrant collection instead of a bundle's index: what `pactl query
+    --qdrant` and pactl.api.Index.query(qdrant=...) search. The collection must hold vectors of
+    the bundle's dimension by the dot product (one that pactl export wrote)."""
 
-    client = connect(target)
-    try:
-        if not client.collection_exists(collection):
+    def __init__(self, target: str, collection: str, dimension: int, k: int) -> None:
+        self.client = connect(target)
+        if not self.client.collection_exists(collection):
+            self.client.close()
             raise PactlError(f"{target} has no Qdrant collection {collection!r}")
-        ensure_collection(client, collection, int(np.shape(vectors)[1]))
-        # local mode always compares every point (and warns when asked to)
+        ensure_collection(self.client, collection, dimension)
+        self.collection, self.k = collection, k
+        # local mode always compares every point (and warns when asked to); a server is told
         remote = target.startswith(("http://", "https://"))
-        params = models.SearchParams(exact=exact) if remote else None
+        self.params = _exact() if remote else None
+
+    def __call__(
+        self, names: list[str], vectors: np.ndarray, own: np.ndarray | None = None
+    ) -> list[list[Hit]]:
+        """Per query row, its hits best first; `own[i]` (an id, or -1) is left out of row i."""
         out = []
-        for row in np.asarray(vectors, dtype=np.float32):
-            found = client.query_points(
-                collection, query=row.tolist(), limit=k, search_params=params, with_payload=True
-            ).points
+        for i, row in enumerate(np.asarray(vectors, dtype=np.float32)):
+            skip = int(own[i]) if own is not None else -1
+            found = self.client.query_points(
+                self.collection, query=row.tolist(), limit=self.k + (skip >= 0),
+                search_params=self.params, with_payload=True,
+            ).points  # fmt: skip
+            kept = [p for p in found if int(p.id) != skip][: self.k]
             out.append(
                 [
-                    (int(p.id), str(p.payload["path"]), str(p.payload["label"]), float(p.score))
-                    for p in found
+                    Hit(
+                        names[i],
+                        rank,
+                        int(p.id),
+                        str(p.payload["path"]),
+                        str(p.payload["label"]),
+                        float(p.score),
+                    )  # fmt: skip
+                    for rank, p in enumerate(kept, start=1)
                 ]
             )
-    finally:
-        client.close()
-    return out
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _exact() -> Any:
+    from qdrant_client import models
+
+    return models.SearchParams(exact=True)
