@@ -1,7 +1,8 @@
 """The `pactl` command line: thin commands over the library (no torch/faiss at import time).
 
-One module per verb (download, train, embed, index, query, eval, list, serve), the options and
-checks they share in `options`; this module assembles the Typer app and its entry point."""
+One module per verb (download, train, embed, index, query, eval, list, serve, export), the
+options and checks they share in `options`; this module assembles the Typer app and its entry
+point."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from pactl import __version__
-from pactl.cli import download, embed, index, query, serve, train
+from pactl.cli import download, embed, export, index, query, serve, train
 from pactl.cli import eval as eval_verb
 from pactl.cli import list as list_verb
 from pactl.cli.options import to_stdout
@@ -107,6 +108,9 @@ app.command("eval", short_help="Recall@K, MAP@R, R-precision and NMI of a networ
 )
 app.command("list", short_help="List backbones, presets, losses or datasets.")(list_verb.list_)
 app.command(short_help="Answer queries over HTTP: a JSON API and a web page.")(serve.serve)
+app.command(short_help="A checkpoint as ONNX, vectors as Parquet, a bundle into Qdrant.")(
+    export.export
+)
 
 
 def main() -> None:

@@ -132,7 +132,9 @@ def index(
 ) -> None:
     """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
 
-    An embed folder with shards/ (from `pactl embed --shard i/n`) is merged in shard order.
+    An embed folder with shards/ (from `pactl embed --shard i/n`) is merged in shard order;
+    so are the shards of the Parquet layout (embeddings/*.npy beside metadata/*.parquet, from
+    `pactl export --to parquet` or clip-retrieval).
 
     With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
 
@@ -145,6 +147,7 @@ def index(
     \b
       pactl index                          # right after `pactl train NAME`
       pactl index vectors/ --out my_index/
+      pactl index vectors-parquet/ --out my_index/    # the clip-retrieval layout
       pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
       pactl index photos/ --backbone resnet50 --out baseline/   # no training
       pactl index vectors/ --on-disk yes --factory IVF4096,Flat
@@ -175,7 +178,7 @@ def index(
         bundle, meta = pipeline.index_latest_run(
             runs_dir(), config, device, log, follow_links, overwrite=overwrite
         )
-    elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
+    elif is_vectors_folder(Path(source)):
         images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint is not None}
         images_only |= {"--backbone": backbone is not None, "--split": split is not None}
         refuse_image_options(source, images_only)
@@ -205,6 +208,13 @@ def index(
     with to_stdout():
         factory = meta.get("factory", "?")
         out.print(literal(f"indexed {counted(meta['count'], 'item')} ({factory}) in {bundle}"))
+
+
+def is_vectors_folder(path: Path) -> bool:
+    """An embed output folder (vectors.npy, or shards/), or vectors in the Parquet layout
+    (embeddings/ and metadata/, from `pactl export --to parquet` or clip-retrieval)."""
+    parquet = (path / "embeddings").is_dir() and (path / "metadata").is_dir()
+    return (path / "vectors.npy").is_file() or (path / "shards").is_dir() or parquet
 
 
 def index_config(
