@@ -90,8 +90,9 @@ def export(
       pactl export runs/<run>/best.pt --to onnx --out model.onnx
       pactl export vectors/ --to parquet --out vectors-parquet/
       pactl index vectors-parquet/ --out my_index/
-      pactl export my_index/ --to qdrant --out http://127.0.0.1:6333 --collection photos
+      pactl export my_index/ --to qdrant --out http://127.0.0.1:6333
       pactl export my_index/ --to qdrant --out qdrant-local/      # no server
+      pactl query img.png --index my_index/ --qdrant qdrant-local/
     """
     from pactl import pipeline
 
