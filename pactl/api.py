@@ -118,11 +118,12 @@ class Index:
         indexed file (by path) is left out of its own hits, as `pactl query --exclude-self`
         does. An image file that cannot be read is a PactlError naming it."""
         queries = _as_list(images)
-        files = [i for i, q in enumerate(queries) if isinstance(q, str | Path)]
-        pictures = [i for i in range(len(queries)) if i not in set(files)]
+        is_file = [isinstance(q, str | Path) for q in queries]
+        files = [i for i, named in enumerate(is_file) if named]
+        pictures = [i for i, named in enumerate(is_file) if not named]
         out: list[list[Hit]] = [[] for _ in queries]
-        for i, row in zip(files, self._query_files([Path(queries[i]) for i in files], k,
-                                                   exclude_self), strict=True):  # fmt: skip
+        found = self._query_files([Path(queries[i]) for i in files], k, exclude_self)
+        for i, row in zip(files, found, strict=True):
             out[i] = row
         if pictures:
             vectors = self.vectors_of([queries[i] for i in pictures])
