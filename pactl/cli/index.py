@@ -155,7 +155,7 @@ def index(
       pactl index my_index/ --delete 42 --delete photos/old.jpg
       find gone/ -name '*.jpg' | pactl index my_index/ --delete -
       pactl index my_index/ --compact      # drop deleted items from the index
-      pactl index --verify my_index/       # every file against its recorded checksum
+      pactl index --verify my_index/       # check every file's checksum
     """
     from pactl import pipeline
 
