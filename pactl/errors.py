@@ -17,3 +17,8 @@ class Busy(PactlError):
 class ReadOnly(PactlError):
     """The folder to change is read-only (a read-only mount, or no write permission): nothing
     was changed. The service can answer it with 403 Forbidden."""
+
+
+class NoSpace(PactlError):
+    """A write found its device full (or the user's quota spent). The service answers it with
+    507 Insufficient Storage."""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from pactl.errors import Busy, PactlError, ReadOnly
+from pactl.errors import Busy, NoSpace, PactlError, ReadOnly
 
 CURRENT = ".pactl-current"  # the link naming the current generation
 GENERATION_PREFIX = ".pactl-gen-"
@@ -69,10 +69,10 @@ def _umask() -> int:
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # a full device, or a user's quota spent
 
 
-def no_space(error: BaseException, what: Path) -> PactlError | None:
+def no_space(error: BaseException, what: Path) -> NoSpace | None:
     """The one-line error for a full disk (or quota), or None for any other failure."""
     if isinstance(error, OSError) and error.errno in FULL_DISK:
-        return PactlError(
+        return NoSpace(
             f"no space left on the device writing {what}; the previous output is kept, "
             "free some space and run again"
         )

@@ -70,6 +70,11 @@ class Job:
     future: asyncio.Future[Answer] | None = None
     decoded: Any = None  # the files as embed.decode_files gives them, decoded before batching
 
+    def add(self, file: Path, name: str, own: int | str | None) -> None:
+        self.files.append(file)
+        self.names.append(name)
+        self.own.append(own)
+
 
 @dataclass
 class Answer:
