@@ -2,7 +2,8 @@
 
 Target (docs/benchmarks.md): with 500 slowloris sockets open (each sends a request line and
 then one header byte every --drip seconds, never finishing its headers, and connects again
-when the service closes it), normal queries keep their p99 under 1 s.
+when the service closes it), normal queries keep their p99 under 1 s, and none fails (a 503
+counts as failed, however fast).
 
 Setup is bench/bench_query_load.py's, cached in --workdir: a real checkpoint (the untrained
 'small' CNN, 16 px, 64-d), --n unit vectors around that model's own embeddings in the default
@@ -208,11 +209,12 @@ def report(
             f"| {sockets} |"
         )
     print()
+    met = with_slow["p99"] < 1000 and with_slow["failures"] == 0
     print(
         f"with / without: p50 {with_slow['p50'] / without['p50']:.2f}x, "
-        f"p99 {with_slow['p99'] / without['p99']:.2f}x; "
-        f"p99 with slow sockets {with_slow['p99']:.0f} ms (target < 1,000 ms: "
-        f"{'met' if with_slow['p99'] < 1000 else 'missed'})"
+        f"p99 {with_slow['p99'] / without['p99']:.2f}x; with slow sockets p99 "
+        f"{with_slow['p99']:.0f} ms, {with_slow['failures']} failed (target: p99 < 1,000 ms and "
+        f"none failed: {'met' if met else 'missed'})"
     )
 
 
