@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import fill
+from conftest import fill, run_cli
 from test_serve import (
     START_DEADLINE_S,
     Service,
@@ -207,7 +207,7 @@ def test_json_bodies_need_the_json_media_type(open_service: Service) -> None:
 
 
 def test_the_page_writes_through_its_secret_and_scripts_from_loopback(
-    open_service: Service, served: Service
+    open_service: Service, served: Service, monkeypatch: Any, capsys: Any
 ) -> None:
     """The same-origin page carries its process's secret; a browser request of this origin
     without it is refused; a script without Origin (curl, pactl query --server) writes."""
@@ -230,6 +230,11 @@ def test_the_page_writes_through_its_secret_and_scripts_from_loopback(
             "/query", files=[upload(open_service.images[0])], headers={"X-Pactl-Page": secret}
         )
         assert query.status_code == 200
+    image = str(open_service.images[0])
+    code, out, err = run_cli(
+        ["query", image, "--server", open_service.url, "--format", "jsonl"], monkeypatch, capsys
+    )
+    assert code == 0 and [json.loads(row)["query"] for row in out.splitlines()] == [image] * 4, err
     with served.client() as client:  # with --token, the token is what a browser cannot send
         answer = client.post("/delete", json=unknown, headers={"Origin": served.url})
         assert answer.status_code == 400 and "987654" in answer.json()["detail"]
