@@ -23,6 +23,7 @@ import pytest
 from conftest import fill, run_cli
 from test_serve import (
     START_DEADLINE_S,
+    TOKEN,
     Service,
     build_bundle,
     free_port,
@@ -238,6 +239,24 @@ def test_the_page_writes_through_its_secret_and_scripts_from_loopback(
     with served.client() as client:  # with --token, the token is what a browser cannot send
         answer = client.post("/delete", json=unknown, headers={"Origin": served.url})
         assert answer.status_code == 400 and "987654" in answer.json()["detail"]
+
+
+def test_the_token_and_the_body_limit_hold_on_every_data_route(served: Service) -> None:
+    """Every route the schema lists: 401 without the token, and 413 for a declared body over
+    the limit (1 MiB here) with it, before anything is read; the page's own files need
+    neither."""
+    port = served.url.rsplit(":", 1)[1]
+    with served.client(token=None) as client:
+        for method, path in data_routes(served):
+            assert client.request(method, path).status_code == 401, (method, path)
+        assert client.get("/").status_code == 200 and client.get("/openapi.json").status_code == 200
+    for method, path in data_routes(served):
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Length: {2**30}\r\n\r\n"
+        )
+        answer = raw(served, head.encode())
+        assert status_of(answer) == 413 and b"upload limit of 1,048,576 bytes" in answer, path
 
 
 # ------------------------------------------------------------------------- DNS rebinding
