@@ -18,6 +18,7 @@ import asyncio
 import hmac
 import json
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -101,10 +102,9 @@ class Sites:
     def refusal(self, scope: Scope, headers: Headers) -> str | None:
         """Why the request is refused, or None."""
         site, origin = headers.get("sec-fetch-site"), headers.get("origin")
-        own = f"{scope['scheme']}://{headers.get('host', '')}".lower()
         if site is not None and site.lower() not in OWN_SITE:
             return f"a request from another site (Sec-Fetch-Site: {site:.20}) is refused"
-        if origin is not None and origin.lower() != own:
+        if origin is not None and not same_origin(origin, headers.get("host", "")):
             return f"a request from {origin:.80} is refused: only this service's page may call it"
         if scope["method"] in READ_METHODS or self.token_set:  # the token was checked already
             return None
@@ -115,6 +115,13 @@ class Sites:
         if site is None and origin is None and is_loopback(client):
             return None  # a script on this machine (curl, pactl query --server)
         return "a write needs this service's page, or a script on this machine, or --token"
+
+
+def same_origin(origin: str, host: str) -> bool:
+    """`origin` is this service's own: http or https (a TLS proxy in front) at the very
+    host and port the request was sent to."""
+    parts = urlsplit(origin.lower())
+    return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host.lower()
 
 
 class InFlight:
