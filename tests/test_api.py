@@ -10,9 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import make_class_folder, run_cli
 from PIL import Image
-
-from tests.conftest import make_class_folder, run_cli
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 

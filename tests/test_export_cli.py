@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import one_error, run_cli
-from tests.test_api import tiny_run
+from conftest import one_error, run_cli
+from test_api import tiny_run
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.test_api import tiny_run
+from test_api import tiny_run
 
 
 @pytest.fixture(scope="module")

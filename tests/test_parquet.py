@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import unit
+from test_api import tiny_run
 
 from pactl.config import ParquetConfig
-from tests.conftest import unit
-from tests.test_api import tiny_run
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from test_api import tiny_run
 
 from pactl.console import QUIET
-from tests.test_api import tiny_run
 
 
 @pytest.fixture
