@@ -481,6 +481,35 @@ def run_config(
     }
 
 
+def write_provenance(
+    t: Trainer, run_dir: Path, info: dict[str, Any], manifest: Manifest, resume: bool
+) -> None:
+    """provenance.json (pactl.provenance): written when the run starts; a resume keeps it and
+    adds its own command line, versions and devices under `resumes`."""
+    from pactl import provenance
+
+    path = run_dir / "provenance.json"
+    here = provenance.collect(
+        configs={k: info[k] for k in ("dataset", "manifest", "model_config", "train_config")},
+        seed=t.cfg.seed,
+        device=t.device,
+        start_weights=ckpt.fingerprint(ckpt.clean_state_dict(t.net)),
+        weights=t.model_cfg.weights,
+        manifest=manifest,
+        world_size=t.world.size,
+    )
+    if resume and path.is_file():
+        try:
+            first = json.loads(path.read_bytes())
+        except ValueError:
+            first = None
+        if isinstance(first, dict) and first.get("format") == provenance.FORMAT:
+            keys = ("command", "packages", "cuda", "driver", "devices", "config")
+            first.setdefault("resumes", []).append({k: here[k] for k in keys})
+            here = first
+    atomic_write_text(path, json.dumps(here, indent=2) + "\n")
+
+
 def save_state(
     t: Trainer, run_dir: Path, epoch: int, classes: list[str], state: dict[str, Any]
 ) -> None:
@@ -587,6 +616,7 @@ def fit(
         info = run_config(source, manifest, t.model_cfg, cfg, classes)
         with writing_in(run_dir):
             atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
+            write_provenance(t, run_dir, info, manifest, resume)
     if not resume:
         evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
     for epoch in range(start, cfg.epochs):
@@ -704,7 +734,41 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
         ),
         f"test resize {model_cfg.resize_size} px, {model_cfg.interpolation}: "
         "what the backbone's weights were evaluated with",
+        describe_optimiser(cfg),
+        describe_schedule(cfg),
     ]
+
+
+def describe_optimiser(cfg: TrainConfig) -> str:
+    """The optimiser as build_trainer makes it (param_groups)."""
+    return (
+        f"optimiser AdamW: lr {cfg.lr:g} for the backbone and the head, "
+        f"{cfg.lr * cfg.proxy_lr_mult:g} for the proxies (x{cfg.proxy_lr_mult:g}), "
+        f"weight decay {cfg.weight_decay:g}"
+        + (f", gradients clipped at {cfg.grad_clip:g}" if cfg.grad_clip > 0 else "")
+    )
+
+
+def describe_schedule(cfg: TrainConfig, shown: int = 4) -> str:
+    """The learning-rate schedule as build_trainer makes it (StepLR, stepped once an epoch),
+    with the epochs after which the rate falls within this run."""
+    steps = list(range(cfg.lr_decay_step, cfg.epochs, cfg.lr_decay_step))
+    warm = (
+        f"; the first {counted(cfg.warmup_epochs, 'epoch')} train only the head and the proxies"
+        if cfg.warmup_epochs
+        else ""
+    )
+    if not steps:
+        return (
+            f"schedule: constant lr {cfg.lr:g} for {counted(cfg.epochs, 'epoch')} (step decay "
+            f"every {cfg.lr_decay_step} epochs never falls within the run){warm}"
+        )
+    listed = ", ".join(str(s) for s in steps[:shown]) + (", ..." if len(steps) > shown else "")
+    final = cfg.lr * cfg.lr_decay_gamma ** len(steps)
+    return (
+        f"schedule: step decay, lr x{cfg.lr_decay_gamma:g} every {cfg.lr_decay_step} epochs "
+        f"(after epochs {listed}; {cfg.lr:g} -> {final:.3g} by epoch {cfg.epochs}){warm}"
+    )
 
 
 def describe_recipe(model_cfg: ModelConfig, cfg: TrainConfig, splits: Splits) -> str:
