@@ -752,9 +752,9 @@ def eval_checkpoint(
     workers: int,
     reporter: Reporter,
     follow_links: bool = False,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], ModelConfig]:
     """Recall@K, MAP@R, R-precision and NMI of a checkpoint's or a backbone's network on a
-    dataset's test split."""
+    dataset's test split, and the network's model config."""
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
@@ -769,7 +769,8 @@ def eval_checkpoint(
     device = resolve_device(device_name)
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
-    return evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+    scores = evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+    return scores, network.config
 
 
 def registry_rows(what: str) -> tuple[list[str], list[list[str]]]:
