@@ -86,6 +86,13 @@ def plot_curves(
         fig.savefig(tmp, format=fmt.lower(), dpi=100)
 
 
+def save_figure(fig: Figure, out: Path, dpi: int = 100) -> None:
+    """Write a matplotlib Figure atomically in the format `out`'s extension names."""
+    fmt = check_image_path(out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format=fmt.lower(), dpi=dpi)
+
+
 def read_metrics(metrics_csv: Path) -> list[dict[str, float]]:
     """metrics.csv as numbers, one dict per row. Empty cells (an epoch not evaluated, epoch 0's
     loss) and cells that are not finite numbers are left out: one odd cell hides one point."""
