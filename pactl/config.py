@@ -30,7 +30,8 @@ class ModelConfig:
     mean: tuple[float, ...] | None = None  # per-channel normalisation in [0, 1] units;
     std: tuple[float, ...] | None = None  # None: what the backbone's weights expect
     interpolation: str | None = None  # resize filter (bilinear | bicubic); None: the backbone's
-    pooling: str = "avg+max"  # global average + global max pooling, summed (official head)
+    pooling: str = "avg+max"  # global average + global max pooling, summed (official head);
+    # avg | max alone; token: a transformer's class token (timm ViT, DeiT, EVA...)
     dimension: int | None = None  # the vectors' size, filled in when the network is built
 
 
@@ -316,7 +317,7 @@ MODEL_RULES: dict[str, Rule] = {
     "mean": optional(numbers(3, number(0, 1))),
     "std": optional(numbers(3, number(0, 1, above=True))),
     "interpolation": optional(choice(*INTERPOLATIONS)),
-    "pooling": choice("avg+max"),
+    "pooling": choice("avg+max", "avg", "max", "token"),
     "dimension": optional(integer(1, MAX_DIMENSION)),
 }
 

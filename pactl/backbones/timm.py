@@ -36,6 +36,8 @@ class FeatureMap(nn.Module):
         super().__init__()
         self.model = model
         self.channels_last = getattr(model, "output_fmt", "NCHW") == "NHWC"
+        # Transformers with a class token put it first among their tokens (--pooling token).
+        self.class_token = getattr(model, "cls_token", None) is not None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.model(images)
