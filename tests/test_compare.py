@@ -102,3 +102,19 @@ def test_figure_draws_a_band_only_for_seeded_groups(runs: Path) -> None:
     assert list(lines[0].get_ydata()) == pytest.approx([0.25, 0.45, 0.7])  # means per epoch
     # Wall time: epoch 0 at 0 s, then each epoch's seconds added (2 s per epoch).
     assert list(by_time.get_lines()[0].get_xdata()) == pytest.approx([0.0, 2.0, 4.0])
+
+
+def test_compare_command(
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import run_cli
+
+    code, out, err = run_cli(
+        ["compare", str(runs), "--format", "csv", "--out", str(tmp_path / "o")], monkeypatch, capsys
+    )
+    assert code == 0, err
+    rows = list(csv.DictReader(out.splitlines()))
+    assert [r["run"] for r in rows] == ["a", "b", "c"]
+    assert (tmp_path / "o" / "compare.png").stat().st_size > 0 and "compare.png" in err
+    code, _, err = run_cli(["compare", str(tmp_path / "o")], monkeypatch, capsys)
+    assert code == 2 and "not a run folder" in err

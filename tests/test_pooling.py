@@ -54,3 +54,21 @@ def test_token_pooling_is_refused_without_a_class_token() -> None:
 
 def test_presets_keep_the_official_head() -> None:
     assert {p.model.pooling for p in PRESETS.values()} == {"avg+max"}
+
+
+def test_train_takes_pooling(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from conftest import run_cli
+
+    code, out, err = run_cli(
+        ["train", "digits", "--pooling", "max", "--print-config"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    assert json.loads(out)["model"]["pooling"] == "max"
+    code, _, err = run_cli(
+        ["train", "digits", "--pooling", "token", "--print-config"], monkeypatch, capsys
+    )
+    assert code == 2 and "class token" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from conftest import make_class_folder
 from pactl.config import ModelConfig, TrainConfig
 from pactl.console import QUIET
 from pactl.datasets import load_source
-from pactl.errors import UsageError
+from pactl.errors import PactlError, UsageError
 from pactl.research.seeds import parse_seeds, train_seeds
 
 TINY_MODEL = ModelConfig(backbone="small", weights="none", embedding_dim=16, image_size=16)
@@ -55,5 +56,25 @@ def test_seeds_train_siblings_and_summarise_them(tmp_path: Path) -> None:
         float(last_rows[1]["map@r"]), abs=1e-5
     )
     assert float(rows["best", "best_epoch"]["mean"]) == 1.0  # selection last: the last epoch
-    with pytest.raises(UsageError, match="not empty"):
+    with pytest.raises(PactlError, match="not empty"):
         train_seeds("imgs", manifest, model_cfg, TINY_TRAIN, tmp_path / "runs", "r", (1, 2), QUIET)
+
+
+def test_train_seeds_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import TINY, run_cli
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    args = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "1", "--name", "t", "--quiet"]
+    code, out, err = run_cli([*args, "--seeds", "0,1"], monkeypatch, capsys)
+    assert code == 0, err
+    assert (tmp_path / "runs" / "t-s0" / "best.pt").is_file()
+    assert (tmp_path / "runs" / "t-s1" / "provenance.json").is_file()
+    assert "recall@1" in out and "±" in out
+    seeds = [
+        json.loads((tmp_path / "runs" / f"t-s{s}" / "config.json").read_text()) for s in (0, 1)
+    ]
+    assert [c["train_config"]["seed"] for c in seeds] == [0, 1]
+    code, _, err = run_cli([*args, "--seeds", "0,1", "--seed", "3"], monkeypatch, capsys)
+    assert code == 2 and "--seed or --seeds" in err

@@ -1,8 +1,8 @@
 """The `pactl` command line: thin commands over the library (no torch/faiss at import time).
 
-One module per verb (download, train, embed, index, query, eval, list, serve, export), the
-options and checks they share in `options`; this module assembles the Typer app and its entry
-point."""
+One module per verb (download, train, embed, index, query, eval, list, serve, export, compare),
+the options and checks they share in `options`; this module assembles the Typer app and its
+entry point."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from pactl import __version__
-from pactl.cli import download, embed, export, index, query, serve, train
+from pactl.cli import compare, download, embed, export, index, query, serve, train
 from pactl.cli import eval as eval_verb
 from pactl.cli import list as list_verb
 from pactl.cli.options import to_stdout
@@ -110,6 +110,9 @@ app.command("list", short_help="List backbones, presets, losses or datasets.")(l
 app.command(short_help="Answer queries over HTTP: a JSON API and a web page.")(serve.serve)
 app.command(short_help="A checkpoint as ONNX, vectors as Parquet, a bundle into Qdrant.")(
     export.export
+)
+app.command(short_help="Runs side by side: seeds as mean +- std, the Recall@1 curves.")(
+    compare.compare
 )
 
 

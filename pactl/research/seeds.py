@@ -19,7 +19,7 @@ import numpy as np
 from pactl.config import MAX_SEED, ModelConfig, TrainConfig
 from pactl.console import Reporter
 from pactl.datasets import Manifest
-from pactl.errors import UsageError
+from pactl.errors import PactlError, UsageError
 from pactl.fsutil import atomic_write_text
 
 MAX_SEEDS = 100
@@ -104,7 +104,9 @@ def train_seeds(
     folders = [runs / seed_run_name(name, s) for s in seeds]
     for folder in folders:  # every folder is checked before the first run starts
         if folder.exists() and any(folder.iterdir()) and not overwrite:
-            raise UsageError(f"run folder {folder} is not empty; pass --overwrite to start again")
+            raise PactlError(
+                f"run folder {folder} is not empty; pass --overwrite to start the seeds again"
+            )
     best, last = [], []
     for i, (seed, folder) in enumerate(zip(seeds, folders, strict=True)):
         reporter.log(f"seed {seed} ({i + 1} of {len(seeds)}) -> {folder}")
