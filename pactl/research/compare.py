@@ -164,8 +164,8 @@ def run_numbers(run: Run, ks: list[int]) -> dict[str, float]:
     last = frame.loc[frame["epoch"].idxmax()]
     best = frame.loc[frame["epoch"] == run.best].iloc[0] if run.best is not None else None
     for column in [f"recall@{k}" for k in ks] + ["map@r"]:
-        numbers[f"last {column}"] = _get(last, column)
         numbers[f"best {column}"] = _get(best, column) if best is not None else math.nan
+        numbers[f"last {column}"] = _get(last, column)
     numbers["best epoch"] = float(run.best) if run.best is not None else math.nan
     numbers["seconds"] = float(frame["seconds"].sum()) if "seconds" in frame else math.nan
     return numbers
