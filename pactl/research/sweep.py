@@ -388,8 +388,8 @@ def run_sweep(
     run_trial = objective(folder, config, base, manifest, reporter)
     if config.trials is None:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        done = {json.dumps(t.params, sort_keys=True) for t in complete}
-        if len(done) < len(points):  # the grid sampler stops once every point is done
+        seen = {json.dumps(t.params, sort_keys=True) for t in complete}
+        if len(seen) < len(points):  # the grid sampler stops once every point is done
             study.optimize(run_trial, catch=())
     else:
         done = len(study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED)))
