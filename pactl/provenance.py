@@ -15,14 +15,30 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pactl import __version__
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
-    from pactl.datasets import Manifest
+
+class Manifest(Protocol):
+    """What provenance reads of a pactl.datasets.Manifest (a leaf imports no dataset code)."""
+
+    @property
+    def root(self) -> Path: ...
+    @property
+    def paths(self) -> tuple[str, ...]: ...
+    @property
+    def labels(self) -> np.ndarray: ...
+    @property
+    def splits(self) -> tuple[str, ...]: ...
+    @property
+    def source(self) -> str: ...
+    def __len__(self) -> int: ...
+
 
 FORMAT = "pactl.provenance"
 VERSION = 1
