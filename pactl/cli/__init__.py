@@ -1,8 +1,8 @@
 """The `pactl` command line: thin commands over the library (no torch/faiss at import time).
 
 One module per verb (download, train, embed, index, query, eval, list, serve, export, compare,
-sweep); the options and checks they share in `options`; this module assembles the Typer app
-and its entry point."""
+sweep, plot); the options and checks they share in `options`; this module assembles the Typer
+app and its entry point."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from pactl import __version__
-from pactl.cli import compare, download, embed, export, index, query, serve, sweep, train
+from pactl.cli import compare, download, embed, export, index, plot, query, serve, sweep, train
 from pactl.cli import eval as eval_verb
 from pactl.cli import list as list_verb
 from pactl.cli.options import to_stdout
@@ -115,6 +115,9 @@ app.command(short_help="Runs side by side: seeds as mean +- std, the Recall@1 cu
     compare.compare
 )
 app.command(short_help="A grid or search of training runs on Optuna, resumable.")(sweep.sweep)
+app.command(short_help="A run's test embeddings by t-SNE and its retrievals, as pictures.")(
+    plot.plot
+)
 
 
 def main() -> None:

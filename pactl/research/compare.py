@@ -324,6 +324,9 @@ def figure(groups: list[Group]) -> Figure:
             if len(frames) > 1:
                 low, high = (mean_r - std_r).to_numpy(), (mean_r + std_r).to_numpy()
                 ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, gid="seed-band")
+    from matplotlib.ticker import MaxNLocator
+
+    by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     by_epoch.set_xlabel("epoch")
     by_time.set_xlabel("wall time (s)")
     by_epoch.set_ylabel("Recall@1 (test classes)")
