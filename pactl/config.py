@@ -65,6 +65,7 @@ class TrainConfig:
     channels_last: bool = True  # NHWC memory layout for convolutions (much faster on CPUs too)
     compile: bool = False  # torch.compile the model
     follow_links: bool = False  # read images through links that lead out of the source folder
+    tensorboard: bool = False  # log loss, lr and metrics per epoch to <run>/tensorboard
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,7 @@ TRAIN_RULES: dict[str, Rule] = {
     "channels_last": flag(),
     "compile": flag(),
     "follow_links": flag(),
+    "tensorboard": flag(),
 }
 
 

@@ -61,6 +61,7 @@ class Trainer:
     world: World
     cfg: TrainConfig
     model_cfg: ModelConfig
+    writer: Any = None  # a TensorBoard SummaryWriter with --tensorboard (first process only)
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -605,6 +606,8 @@ def fit(
     labels = np.searchsorted(classes_present, splits.train.labels)  # 0..C-1 for the proxies
     classes = [str(c) for c in classes_present.tolist()]
     t = build_trainer(model_cfg, cfg, len(classes_present), world)
+    if cfg.tensorboard and world.is_main:
+        t.writer = tensorboard_writer(run_dir)
     state: dict[str, Any] = {"best": {"epoch": -1, "metrics": {}}, "last": {}, "start": {}}
     start = 0
     columns = metric_columns(cfg, with_val=len(splits.val) > 0)
@@ -638,6 +641,8 @@ def fit(
 
         with writing_in(run_dir):
             plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+        if t.writer is not None:
+            t.writer.close()
     best = state["best"]
     return TrainResult(
         run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection
@@ -870,6 +875,8 @@ def record_epoch(
         if isinstance(row.get(k), float)
     )
     reporter.log(f"epoch {epoch}/{t.cfg.epochs}: {shown}")
+    if t.writer is not None:
+        log_scalars(t.writer, row)
     for warning in health_warnings(row, state["start"]):
         reporter.warn(f"epoch {epoch}: {warning}")
     score = selection_score(row, t.cfg.selection)
@@ -890,6 +897,31 @@ def record_epoch(
             )
         if epoch > 0:
             save_state(t, run_dir, epoch, classes, state)
+
+
+def tensorboard_writer(run_dir: Path) -> Any:
+    """A SummaryWriter into run_dir/tensorboard (`tensorboard --logdir runs/`)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise PactlError(
+            "--tensorboard needs tensorboard: pip install 'pactl[tensorboard]'"
+        ) from None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+
+def log_scalars(writer: Any, row: dict[str, Any]) -> None:
+    """One epoch's numbers at step = epoch: train/loss, train/lr, test/<metric>, val/<metric>
+    (the epoch's seconds as time/seconds)."""
+    for key, value in row.items():
+        if key == "epoch" or not isinstance(value, float) or not math.isfinite(value):
+            continue
+        group = (
+            "train" if key in ("loss", "lr") else "time" if key == "seconds" else
+            "val" if key.startswith("val_") else "test"
+        )  # fmt: skip
+        writer.add_scalar(f"{group}/{key.removeprefix('val_')}", value, int(row["epoch"]))
+    writer.flush()
 
 
 # A Recall@1 below this share of the epoch-0 value, or a mean pairwise cosine above this, is

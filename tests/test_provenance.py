@@ -88,3 +88,26 @@ def test_print_config_names_the_optimiser_and_the_schedule(
     schedule = next(w for w in why if w.startswith("schedule"))
     # Cars-196: lr 1e-4 halved every 20 of 60 epochs: after 20 and 40, 1e-4 / 4 at the end.
     assert "x0.5 every 20 epochs (after epochs 20, 40; 0.0001 -> 2.5e-05 by epoch 60)" in schedule
+
+
+def test_tensorboard_logs_what_metrics_csv_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    run = train(tmp_path, monkeypatch, capsys, "tb", "--tensorboard")
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    rows = read_csv(run / "metrics.csv")
+
+    def logged(tag: str) -> tuple[list[int], list[float]]:
+        found = events.Scalars(tag)
+        return [e.step for e in found], [e.value for e in found]
+
+    for tag, column in (("test/recall@1", "recall@1"), ("test/map@r", "map@r")):
+        steps, values = logged(tag)
+        assert steps == [int(r["epoch"]) for r in rows]
+        assert values == pytest.approx([float(r[column]) for r in rows], abs=1e-5)
+    assert logged("train/loss") == ([1], [pytest.approx(float(rows[1]["loss"]), abs=1e-5)])
+    assert logged("train/lr") == ([1], [pytest.approx(1e-3)])

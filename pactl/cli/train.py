@@ -160,6 +160,14 @@ def train(
             "skipped / refused). Kept for --resume.",
         ),
     ] = None,
+    tensorboard: Annotated[
+        bool | None,
+        typer.Option(
+            "--tensorboard",
+            help="Log loss, lr and the metrics per epoch to runs/<run>/tensorboard (needs "
+            "pip install 'pactl[tensorboard]').",
+        ),
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Run folder name under runs/.")] = None,
     resume: Annotated[str | None, typer.Option(help="Run folder to continue, or 'latest'.")] = None,
     overwrite: Annotated[
@@ -227,6 +235,7 @@ def train(
             compile=compile_,
             val_classes=val_classes,
             follow_links=follow_links,
+            tensorboard=tensorboard,
         )
         model_cfg, cfg, why = settled(chosen, model_cfg, cfg, given)
         run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
@@ -381,7 +390,7 @@ RESUME_REFUSES = {
     "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss", "warmup_epochs",
     "lr_decay_step", "lr_decay_gamma", "freeze_bn", "sync_bn", "val_classes", "augment",
     "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links", "name",
-    "pooling", "seeds",
+    "pooling", "seeds", "tensorboard",
 }  # fmt: skip
 
 
