@@ -745,11 +745,19 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
 
 
 def describe_optimiser(cfg: TrainConfig) -> str:
-    """The optimiser as build_trainer makes it (param_groups)."""
+    """The optimiser as build_trainer makes it (param_groups); a loss without proxies (triplet,
+    contrastive, multi-similarity) has no group of its own."""
+    from pactl.losses import build_loss
+
+    proxies = any(True for _ in build_loss(cfg.loss, 2, 2, cfg.alpha, cfg.delta).parameters())
     return (
-        f"optimiser AdamW: lr {cfg.lr:g} for the backbone and the head, "
-        f"{cfg.lr * cfg.proxy_lr_mult:g} for the proxies (x{cfg.proxy_lr_mult:g}), "
-        f"weight decay {cfg.weight_decay:g}"
+        f"optimiser AdamW: lr {cfg.lr:g} for the backbone and the head"
+        + (
+            f", {cfg.lr * cfg.proxy_lr_mult:g} for the proxies (x{cfg.proxy_lr_mult:g})"
+            if proxies
+            else f" ({cfg.loss} has no proxies)"
+        )
+        + f", weight decay {cfg.weight_decay:g}"
         + (f", gradients clipped at {cfg.grad_clip:g}" if cfg.grad_clip > 0 else "")
     )
 
