@@ -118,3 +118,20 @@ def test_compare_command(
     assert (tmp_path / "o" / "compare.png").stat().st_size > 0 and "compare.png" in err
     code, _, err = run_cli(["compare", str(tmp_path / "o")], monkeypatch, capsys)
     assert code == 2 and "not a run folder" in err
+
+
+def test_benchmark_runs_get_the_published_recall_beside_them(tmp_path: Path) -> None:
+    run = tmp_path / "cub"
+    run.mkdir()
+    model = ModelConfig(backbone="bn_inception", embedding_dim=512, image_size=224)
+    info = {
+        "format": "pactl.run",
+        "dataset": "cub200",
+        "model_config": to_dict(model),
+        "train_config": to_dict(TrainConfig(selection="test")),
+    }
+    (run / "config.json").write_text(json.dumps(info))
+    (run / "metrics.csv").write_text("epoch,recall@1,seconds\n0,0.5,1\n1,0.6,2\n")
+    records = json.loads(cmp.compare([run], "json").text)
+    assert records[0]["published recall@1"] == "paper 0.684 README 0.691"
+    assert records[0]["best recall@1 mean"] == pytest.approx(0.6)
