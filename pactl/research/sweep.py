@@ -241,22 +241,31 @@ def open_study(folder: Path, config: SweepConfig) -> optuna.Study:
 def requeue_stale(
     study: optuna.Study, folder: Path, config: SweepConfig, reporter: Reporter
 ) -> int:
-    """Trials left RUNNING by a process that died (none holds their points' locks): marked
-    failed, their parameters queued again. Returns how many."""
+    """Points a stopped sweep left unfinished, queued again: trials left RUNNING by a process
+    that died (none holds their points' locks) are marked failed first, then every failed
+    trial (killed, interrupted, or an error) whose point no trial has finished nor waits for is
+    queued once more. Returns how many were queued."""
     from optuna.trial import TrialState
 
-    stale = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         names = [point_name(trial.params, s) for s in config.seeds]
-        if any(is_locked(folder / "locks" / n) for n in names):
-            continue  # another process is training it
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        if trial.params:
+        if not any(is_locked(folder / "locks" / n) for n in names):  # else: being trained
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    kept = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.WAITING, TrialState.RUNNING)
+    settled = {_key(t.params) for t in study.get_trials(deepcopy=False, states=kept)}
+    queued = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        if trial.params and _key(trial.params) not in settled:
             study.enqueue_trial(trial.params, skip_if_exists=False)
-        stale += 1
-    if stale:
-        reporter.log(f"{stale} point(s) left unfinished by a stopped sweep: queued again")
-    return stale
+            settled.add(_key(trial.params))
+            queued += 1
+    if queued:
+        reporter.log(f"{queued} point(s) left unfinished by a stopped sweep: queued again")
+    return queued
+
+
+def _key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
 
 
 def is_locked(lock_folder: Path) -> bool:
@@ -388,7 +397,7 @@ def run_sweep(
     run_trial = objective(folder, config, base, manifest, reporter)
     if config.trials is None:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        seen = {json.dumps(t.params, sort_keys=True) for t in complete}
+        seen = {_key(t.params) for t in complete}
         if len(seen) < len(points):  # the grid sampler stops once every point is done
             study.optimize(run_trial, catch=())
     else:
