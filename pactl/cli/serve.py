@@ -82,7 +82,7 @@ def serve(
       pactl serve                                     # the latest run's index
       pactl serve runs/demo/index                     # http://127.0.0.1:8000/
       pactl serve index --allow-root /data/photos
-      PACTL_TOKEN=... pactl serve index --host 0.0.0.0 --allow-host search.example.org
+      PACTL_TOKEN=... pactl serve index --host 0.0.0.0 --allow-host box.lan
     """
     import importlib.util
 
