@@ -206,12 +206,28 @@ def index_vectors(
             "checkpoint_relative": _relative(meta.get("checkpoint"), out),
             "model_config": meta["model_config"],
             "vectors": str(vectors_dir.resolve()),
+            "calibration": checkpoint_calibration(meta),
             **tuning,
             **({"next_id": before.next_id} if before is not None else {}),
         }
         write_bundle(gen, index, items, bundle_meta, deleted=dead, removed=removed)
     bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
+
+
+def checkpoint_calibration(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The same-item calibration of the checkpoint that made the vectors of `meta`, while it
+    holds the same weights; None for a backbone's vectors or a checkpoint never calibrated."""
+    from pactl.checkpoint import load
+
+    recorded = meta.get("checkpoint")
+    if not recorded or not Path(recorded).is_file():
+        return None
+    payload = load(Path(recorded))
+    if payload.get("fingerprint") != meta.get("fingerprint"):
+        return None
+    calibration = payload.get("calibration")
+    return calibration if isinstance(calibration, dict) else None
 
 
 def same_ids(
