@@ -30,7 +30,10 @@ from pactl.fsutil import atomic_write_text
 from pactl.paths import pactl_home
 
 SPLITS = ("train", "val", "test", "query", "gallery")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+IMAGE_EXTENSIONS = (
+    *(".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"),
+    *(".heic", ".heif", ".avif"),  # HEIC/HEIF with the `heif` extra (pactl.images.heif_support)
+)
 
 
 @dataclass(frozen=True)
