@@ -53,15 +53,21 @@ class Calibration:
     def curve_list(self) -> list[list[float]]:
         return [[round(t, 6), round(p, 6), round(r, 6)] for t, p, r in self.curve]
 
-    def threshold_for(self, precision: float) -> float | None:
-        """The threshold for another target: the stored one for the calibrated target, else
-        the lowest curve point that reaches `precision` (to within CURVE_STEP)."""
+    def point_for(self, precision: float) -> tuple[float, float, float] | None:
+        """(threshold, precision, recall) for a target: the stored point for the calibrated
+        target, else the lowest curve point that reaches `precision` (to within CURVE_STEP);
+        None when no threshold reaches it."""
         if math.isclose(precision, self.precision):
-            return self.threshold
-        thresholds = np.array([t for t, _, _ in self.curve], dtype=np.float64)
+            if self.threshold is None:
+                return None
+            return self.threshold, self.measured, self.recall
         precisions = np.array([p for _, p, _ in self.curve], dtype=np.float64)
         at = _deepest(precisions, precision)
-        return None if at is None else float(thresholds[at])
+        return None if at is None else self.curve[at]
+
+    def threshold_for(self, precision: float) -> float | None:
+        point = self.point_for(precision)
+        return None if point is None else point[0]
 
 
 @dataclass(frozen=True)

@@ -606,8 +606,12 @@ def query_chunks(
     batch_size: int = 128,
     know_labels: bool = False,
     faiss_device: str = "auto",
+    same_item: bool = False,
+    threshold: float | None = None,
 ) -> Any:
-    """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number."""
+    """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number.
+    With `same_item`, only hits at or above the same-item threshold (`threshold`, else the
+    bundle's calibrated one) are kept: a query may then have none."""
     from itertools import islice
 
     from pactl.embed import embed_files, fastpath
@@ -619,6 +623,12 @@ def query_chunks(
     )
     if k > bundle.live_count:
         reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
+    least = None
+    if same_item:
+        from pactl.same_item import same_item_threshold
+
+        least, how = same_item_threshold(bundle.meta, str(bundle_dir), threshold)
+        reporter.log(f"same item: {how}")
     # Queries are found among the indexed items only when that is asked for.
     wanted = exclude_self or know_labels
     lookup = PathIndex(bundle.items, skip=bundle.deleted) if wanted else None
@@ -632,7 +642,10 @@ def query_chunks(
         scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
         failed = [(str(batch[i]), reason_of(batch[i], why)) for i, why in done.failed]
         labels = [_item_label(bundle, int(i)) for i in own]
-        yield QueryChunk(names, hits(bundle, names, scores, ids), failed, labels)
+        found = hits(bundle, names, scores, ids)
+        if least is not None:
+            found = [[h for h in row if h.score >= least] for row in found]
+        yield QueryChunk(names, found, failed, labels)
 
 
 def _item_label(bundle: Any, item_id: int) -> str | None:
@@ -667,6 +680,42 @@ def eval_checkpoint(
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
     return evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+
+
+def calibrate_source(
+    source: str,
+    model_from: ModelSource,
+    precision: float,
+    device_name: str,
+    workers: int,
+    reporter: Reporter,
+    follow_links: bool = False,
+) -> Any:
+    """The same-item calibration of a checkpoint's or a backbone's network on a dataset's
+    held-out classes (its val split if it has one, else its test split); a checkpoint gets it
+    stored, with calibration.png beside it. Returns the pactl.calibrate.Calibration."""
+    from pactl.calibrate import CalibrationConfig, calibrate, describe
+    from pactl.checkpoint import open_network
+    from pactl.config import TrainConfig
+    from pactl.datasets import load_source
+    from pactl.embed import resolve_device
+    from pactl.train import calibrate_checkpoint, split_vectors
+
+    manifest = load_source(source, reporter, follow_links=follow_links)
+    split = "val" if manifest.has_split("val") else "test"
+    part = manifest.select("val") if split == "val" else manifest.select(*manifest.eval_splits())
+    if not len(part):
+        raise PactlError(f"{source} has no test split to calibrate on")
+    device = resolve_device(device_name)
+    cfg = TrainConfig(workers=workers, precision=precision)
+    if isinstance(model_from, Path):
+        return calibrate_checkpoint(model_from, part, split, cfg, device, reporter)
+    model, network = open_network(model_from)
+    model.to(device)
+    vectors, labels = split_vectors(model, part, split, network.config, cfg, device, reporter)
+    calibration = calibrate(vectors, labels, CalibrationConfig(precision=precision), split)
+    reporter.log(f"{describe(calibration)} (not stored: no checkpoint)")
+    return calibration
 
 
 def registry_rows(what: str) -> tuple[list[str], list[list[str]]]:

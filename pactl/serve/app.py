@@ -277,6 +277,9 @@ def _queries(app: FastAPI) -> None:
         request: Request,
         k: int = Query(4, ge=1, le=MAX_K, description="Neighbours per query."),
         exclude_self: bool = Query(False, description="Drop each query's own item (by id)."),
+        same_item: bool = Query(
+            False, description="Keep only hits at or above the calibrated same-item threshold."
+        ),
         id: list[int] = Query([], description="Query with these items' images."),  # noqa: A002
         path: list[str] = Query([], description="Images under an --allow-root folder."),
     ) -> Response:
@@ -295,6 +298,7 @@ def _queries(app: FastAPI) -> None:
             raise HTTPException(413, f"{count} queries in one request; at most {config.max_files}")
         with tempfile.TemporaryDirectory(prefix="pactl-serve-") as scratch:
             job = Job([], [], [], k, exclude_self)
+            job.min_score = _same_item_threshold(engine) if same_item else None
             files = await run_in_threadpool(write_scratch, uploads, Path(scratch))
             for i, (file, upload) in enumerate(zip(files, uploads, strict=True)):
                 given = names[i] if names is not None else None
@@ -314,6 +318,13 @@ def _queries(app: FastAPI) -> None:
                 job.decoded = await run_in_threadpool(decode_files, job.files, engine.model_cfg)
             answer = await batcher.submit(job)
         return _answer_response(answer, k)
+
+
+def _same_item_threshold(engine: Engine) -> float:
+    try:
+        return engine.same_item_threshold()
+    except PactlError as e:
+        raise HTTPException(400, f"same_item: {e}") from None
 
 
 def _answer_response(answer: Answer, k: int) -> JSONResponse:
