@@ -92,7 +92,7 @@ def test_compressed_index_with_rescoring_matches_brute_force(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(dedup, "EXACT_MAX_ITEMS", 100)  # the IVF + SQ8 path on a small set
-    x = planted(np.random.default_rng(2), 1500, 100, dim=32)
+    x = planted(np.random.default_rng(2), 1500, 100, dim=64)
     searcher = VectorSearcher(x, nprobe=64)
     assert searcher.approximate
     groups = find_groups(searcher, DedupConfig(threshold=0.95))

@@ -27,7 +27,11 @@ from pactl.errors import PactlError
 
 KEEP_CHOICES = ("first", "largest", "newest")
 EXACT_MAX_ITEMS = 50_000  # below this the pairs come from exact search (a Flat index)
-IVF_NPROBE = 32  # lists an IVF over a vectors folder searches per query
+IVF_NPROBE = 16  # lists an IVF over a vectors folder searches per query
+TRAIN_PER_LIST = 16  # k-means sample per list of that IVF
+KMEANS_ITERATIONS = 10
+PROJECTED_SHARE = 0.25  # of the dimensions that the IVF of a large folder searches in
+PROJECTED_MARGIN = 0.1  # candidates this far below the threshold there are rescored
 CODE_MARGIN = 0.03  # compressed codes: candidates this far below the threshold are rescored
 
 
@@ -44,6 +48,7 @@ class Searcher(Protocol):
 
     n: int
     approximate: bool  # scores of the index are not exact cosines (compressed codes)
+    margin: float  # so candidates are searched this far below the threshold, then rescored
 
     def vectors(self, rows: np.ndarray) -> np.ndarray: ...
 
@@ -97,7 +102,7 @@ def _pairs(
     threshold; each pair once per direction it was found in."""
     t = config.threshold
     # range_search keeps scores strictly above the radius: just below t keeps t itself.
-    radius = t - CODE_MARGIN if searcher.approximate else float(np.nextafter(np.float32(t), -2))
+    radius = t - searcher.margin if searcher.margin else float(np.nextafter(np.float32(t), -2))
     with reporter.bar("searching pairs", total=searcher.n) as advance:
         for start in range(0, searcher.n, config.batch_size):
             rows = np.arange(start, min(start + config.batch_size, searcher.n))
@@ -193,16 +198,30 @@ def _scores(searcher: Searcher, firsts: np.ndarray, rows: np.ndarray, batch: int
 
 
 class VectorSearcher:
-    """A folder of vectors (memory-mapped): exact search below EXACT_MAX_ITEMS, else an IVF
-    with 8-bit scalar codes (a quarter of the vectors' size), whose candidates are rescored
-    from the vectors."""
+    """A folder of vectors (memory-mapped): exact search below EXACT_MAX_ITEMS; above, an IVF
+    with 8-bit codes over the vectors projected onto their top principal directions (a
+    quarter of the dimensions, renormalised: near copies keep their cosine there to within a
+    few hundredths), whose candidates within PROJECTED_MARGIN are rescored from the vectors."""
 
     def __init__(
         self, vectors: np.ndarray, nprobe: int = IVF_NPROBE, reporter: Reporter = QUIET
     ) -> None:
         self.data, self.n = vectors, len(vectors)
-        self.index = _folder_index(vectors, nprobe, reporter)
         self.approximate = self.n >= EXACT_MAX_ITEMS
+        self.margin = PROJECTED_MARGIN if self.approximate else 0.0
+        self.projection: np.ndarray | None = None
+        if self.approximate:
+            sample = _sample(vectors, TRAIN_PER_LIST * _nlist(self.n))
+            self.projection = _principal(sample, PROJECTED_SHARE)
+            nlist = _nlist(self.n)
+            self.index = _ivf(_project(sample, self.projection), nlist, nprobe, reporter)
+        else:
+            self.index = faiss.IndexFlatIP(vectors.shape[1])
+        with reporter.bar("adding vectors", total=self.n) as advance:
+            for start in range(0, self.n, 65_536):
+                rows = np.arange(start, min(start + 65_536, self.n))
+                self.index.add(self._searched(self.vectors(rows)))
+                advance(len(rows))
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
         if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and (np.diff(rows) == 1).all():
@@ -213,25 +232,47 @@ class VectorSearcher:
         return out
 
     def candidates(self, queries: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
-        lims, _, found = self.index.range_search(queries, radius)
+        lims, _, found = self.index.range_search(self._searched(queries), radius)
         return lims, found
 
+    def _searched(self, x: np.ndarray) -> np.ndarray:
+        return x if self.projection is None else _project(x, self.projection)
 
-def _folder_index(vectors: np.ndarray, nprobe: int, reporter: Reporter) -> Any:
-    n, dim = vectors.shape
-    if n < EXACT_MAX_ITEMS:
-        index = faiss.IndexFlatIP(dim)
-    else:
-        nlist = 2 ** round(math.log2(4 * math.sqrt(n)))
-        index = faiss.index_factory(dim, f"IVF{nlist}_HNSW32,SQ8", faiss.METRIC_INNER_PRODUCT)
-        rows = np.sort(np.random.default_rng(0).choice(n, size=min(n, 64 * nlist), replace=False))
-        reporter.log(f"training IVF{nlist},SQ8 on {len(rows):,} of {n:,} vectors")
-        index.train(np.ascontiguousarray(vectors[rows], dtype=np.float32))
-        faiss.extract_index_ivf(index).nprobe = nprobe
-    with reporter.bar("adding vectors", total=n) as advance:
-        for start in range(0, n, 65_536):
-            index.add(np.ascontiguousarray(vectors[start : start + 65_536], dtype=np.float32))
-            advance(min(65_536, n - start))
+
+def _nlist(n: int) -> int:
+    return int(2 ** round(math.log2(4 * math.sqrt(n))))
+
+
+def _sample(vectors: np.ndarray, size: int) -> np.ndarray:
+    n = len(vectors)
+    rows = np.sort(np.random.default_rng(0).choice(n, size=min(n, size), replace=False))
+    return np.ascontiguousarray(vectors[rows], dtype=np.float32)
+
+
+def _principal(sample: np.ndarray, share: float) -> np.ndarray:
+    """(d, p) orthonormal: the top p = share x d directions of the uncentred sample (so inner
+    products, not distances to the mean, are what is kept)."""
+    dim = sample.shape[1]
+    keep = max(16, int(dim * share)) if dim >= 64 else dim
+    _, vecs = np.linalg.eigh(sample.T.astype(np.float64) @ sample.astype(np.float64))
+    return np.ascontiguousarray(vecs[:, ::-1][:, :keep], dtype=np.float32)
+
+
+def _project(x: np.ndarray, projection: np.ndarray) -> np.ndarray:
+    y = x @ projection
+    return y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
+
+
+def _ivf(sample: np.ndarray, nlist: int, nprobe: int, reporter: Reporter) -> Any:
+    """An IVF with 8-bit codes, trained on `sample`."""
+    dim = sample.shape[1]
+    index = faiss.index_factory(dim, f"IVF{nlist}_HNSW32,SQ8", faiss.METRIC_INNER_PRODUCT)
+    ivf = faiss.extract_index_ivf(index)
+    # Lists only need to keep near copies together: a small k-means is enough.
+    ivf.cp.niter, ivf.cp.min_points_per_centroid = KMEANS_ITERATIONS, TRAIN_PER_LIST
+    reporter.log(f"training IVF{nlist},SQ8 ({dim} dimensions) on {len(sample):,} vectors")
+    index.train(sample)
+    ivf.nprobe = nprobe
     return index
 
 
@@ -248,6 +289,7 @@ class BundleSearcher:
         if ivf is not None:
             ivf.make_direct_map(True)  # reconstruct by id (a hash table: any ids)
         self.approximate = not _exact_codes(self.index)
+        self.margin = CODE_MARGIN if self.approximate else 0.0
         self._sorted = np.argsort(self.ids)
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
