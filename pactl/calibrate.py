@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pactl.errors import PactlError
+from pactl.errors import PactlError, UsageError
 
 FORMAT = "pactl.calibration"
 VERSION = 1
@@ -261,4 +261,45 @@ def describe(cal: Calibration) -> str:
     return (
         f"same-item threshold {cal.threshold:.4f}: precision {cal.measured:.4f} "
         f"(target {cal.precision:g}) at recall {cal.recall:.4f}, on {base}"
+    )
+
+
+NO_CALIBRATION = (
+    "has no same-item calibration (its network is a backbone as published, not a trained "
+    "run, or a checkpoint never calibrated): give --threshold T (a cosine, e.g. 0.9), or "
+    "calibrate the checkpoint with `pactl eval --calibrate --checkpoint PATH`"
+)
+
+
+def same_item_threshold(
+    calibration: dict[str, Any] | None,
+    where: str,
+    threshold: float | None = None,
+    precision: float | None = None,
+) -> tuple[float, str]:
+    """The threshold a same-item search of `where` uses, and a line saying where it comes
+    from: `threshold` as given, else the calibrated one (for `precision`, or for the precision
+    it was calibrated at)."""
+    if threshold is not None:
+        if precision is not None:
+            raise UsageError("give --threshold or --precision, not both")
+        if not -1.0 <= threshold <= 1.0:
+            raise UsageError(f"--threshold must be a cosine from -1 to 1, got {threshold}")
+        return threshold, f"threshold {threshold:g} (given)"
+    if precision is not None and not 0.0 < precision <= 1.0:
+        raise UsageError(f"--precision must be in (0, 1], got {precision}")
+    if calibration is None:
+        raise UsageError(f"{where} {NO_CALIBRATION}")
+    cal = read_calibration(calibration, f"{where}/meta.json")
+    target = precision if precision is not None else cal.precision
+    point = cal.point_for(target)
+    if point is None:
+        raise PactlError(
+            f"no cosine threshold reaches precision {target:g} on the {cal.split} classes "
+            f"{where} was calibrated on: ask for a lower --precision, or give --threshold"
+        )
+    t, reached, recall = point
+    return t, (
+        f"threshold {t:.4f}, calibrated on the {cal.split} classes: precision {reached:.4f} "
+        f"at recall {recall:.4f} (target {target:g})"
     )

@@ -37,7 +37,7 @@ from pactl.paths import NAME_ENCODING, NAME_ERRORS
 class HitWriter:
     """Writes hit rows as they come; CSV gets its header once."""
 
-    columns = ("query", "rank", "id", "path", "label", "score")
+    columns: tuple[str, ...] = ("query", "rank", "id", "path", "label", "score")
 
     def __init__(
         self,
@@ -159,3 +159,25 @@ def write_rows(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]])
         writer = csv_writer(f)
         writer.writerow(header)
         writer.writerows(rows)
+
+
+class GroupWriter(HitWriter):
+    """`pactl dedup`'s rows, group by group: group, id, path, score (cosine to the group's
+    first member); written like query hits (the same escaping, exact CSV, ASCII JSON Lines,
+    bare paths)."""
+
+    columns: tuple[str, ...] = ("group", "id", "path", "score")
+
+    def _values(self, hit: Any) -> list[Any]:
+        return [hit.group, hit.id, hit.path, round(float(hit.score), 6)]
+
+    def _table(self, hits: list[list[Any]]) -> None:
+        table = Table(title="same item", title_justify="left")
+        for name in ("group", "id", "score"):
+            table.add_column(name, justify="right")
+        table.add_column("path", overflow="fold")  # never cut short with an ellipsis
+        for group in hits:
+            for m in group:
+                table.add_row(str(m.group), str(m.id), f"{m.score:.4f}", Text(visible(m.path)))
+        if table.rows:
+            self.console.print(table)

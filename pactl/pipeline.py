@@ -230,6 +230,15 @@ def checkpoint_calibration(meta: dict[str, Any]) -> dict[str, Any] | None:
     return calibration if isinstance(calibration, dict) else None
 
 
+def calibration_of(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The same-item calibration recorded in a bundle's meta.json, else its checkpoint's (one
+    calibrated after the bundle was built), else None."""
+    recorded = meta.get("calibration")
+    if isinstance(recorded, dict):
+        return recorded
+    return checkpoint_calibration(meta)
+
+
 def same_ids(
     parts: list[tuple[np.ndarray, Any]], ids: dict[str, int], next_id: int
 ) -> list[tuple[np.ndarray, Any]]:
@@ -625,9 +634,9 @@ def query_chunks(
         reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
     least = None
     if same_item:
-        from pactl.same_item import same_item_threshold
+        from pactl.calibrate import same_item_threshold
 
-        least, how = same_item_threshold(bundle.meta, str(bundle_dir), threshold)
+        least, how = same_item_threshold(calibration_of(bundle.meta), str(bundle_dir), threshold)
         reporter.log(f"same item: {how}")
     # Queries are found among the indexed items only when that is asked for.
     wanted = exclude_self or know_labels
@@ -698,7 +707,7 @@ def calibrate_source(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
-    from pactl.embed import resolve_device
+    from pactl.runtime import resolve_device
     from pactl.train import calibrate_checkpoint, split_vectors
 
     manifest = load_source(source, reporter, follow_links=follow_links)

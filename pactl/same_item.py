@@ -1,5 +1,5 @@
-"""Same-item search: the cosine threshold a bundle or vectors folder is searched at (given, or
-calibrated on held-out classes), and `pactl dedup`'s library side."""
+"""`pactl dedup`'s library side: groups of the same item in a bundle or a vectors folder, at a
+given or calibrated cosine threshold."""
 
 from __future__ import annotations
 
@@ -10,60 +10,6 @@ from typing import Any
 import numpy as np
 
 from pactl.console import Reporter
-from pactl.errors import PactlError, UsageError
-
-NO_CALIBRATION = (
-    "has no same-item calibration (its network is a backbone as published, not a trained "
-    "run, or a checkpoint never calibrated): give --threshold T (a cosine, e.g. 0.9), or "
-    "calibrate the checkpoint with `pactl eval --calibrate --checkpoint PATH`"
-)
-
-
-def calibration_of(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The calibration recorded in a bundle's meta.json, else its checkpoint's (calibrated
-    after the bundle was built), else None."""
-    from pactl.pipeline import checkpoint_calibration
-
-    recorded = meta.get("calibration")
-    if isinstance(recorded, dict):
-        return recorded
-    return checkpoint_calibration(meta)
-
-
-def same_item_threshold(
-    meta: dict[str, Any],
-    where: str,
-    threshold: float | None = None,
-    precision: float | None = None,
-) -> tuple[float, str]:
-    """The threshold to search at and a line saying where it comes from: `threshold` as given,
-    else the calibrated one (for `precision`, or the precision it was calibrated for)."""
-    from pactl.calibrate import read_calibration
-
-    if threshold is not None:
-        if precision is not None:
-            raise UsageError("give --threshold or --precision, not both")
-        if not -1.0 <= threshold <= 1.0:
-            raise UsageError(f"--threshold must be a cosine from -1 to 1, got {threshold}")
-        return threshold, f"threshold {threshold:g} (given)"
-    if precision is not None and not 0.0 < precision <= 1.0:
-        raise UsageError(f"--precision must be in (0, 1], got {precision}")
-    recorded = calibration_of(meta)
-    if recorded is None:
-        raise UsageError(f"{where} {NO_CALIBRATION}")
-    cal = read_calibration(recorded, f"{where}/meta.json")
-    target = precision if precision is not None else cal.precision
-    point = cal.point_for(target)
-    if point is None:
-        raise PactlError(
-            f"no cosine threshold reaches precision {target:g} on the {cal.split} classes "
-            f"{where} was calibrated on: ask for a lower --precision, or give --threshold"
-        )
-    t, reached, recall = point
-    return t, (
-        f"threshold {t:.4f}, calibrated on the {cal.split} classes: precision {reached:.4f} "
-        f"at recall {recall:.4f} (target {target:g})"
-    )
 
 
 @dataclass
@@ -97,10 +43,12 @@ def dedup(
 ) -> DedupResult:
     """Groups of the same item in a bundle (its own index) or a vectors folder (an index built
     for the search), at the given or calibrated threshold."""
+    from pactl.calibrate import same_item_threshold
     from pactl.index.dedup import DedupConfig, find_groups, removable
+    from pactl.pipeline import calibration_of
 
     searcher, items, meta = _searcher(folder, reporter)
-    t, how = same_item_threshold(meta, str(folder), threshold, precision)
+    t, how = same_item_threshold(calibration_of(meta), str(folder), threshold, precision)
     reporter.log(f"same item: {how}")
     groups = find_groups(searcher, DedupConfig(t, strict, batch_size), reporter)
     ids = items.ids[groups.rows]

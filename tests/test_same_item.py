@@ -54,10 +54,11 @@ def test_bundles_carry_the_calibration_and_dedup_uses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pactl import pipeline
+    from pactl.calibrate import same_item_threshold
     from pactl.config import IndexConfig, ModelConfig
     from pactl.console import QUIET
     from pactl.errors import UsageError
-    from pactl.same_item import dedup, same_item_threshold
+    from pactl.same_item import dedup
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     stored = ckpt.load(run / "best.pt")["calibration"]
@@ -66,7 +67,7 @@ def test_bundles_carry_the_calibration_and_dedup_uses_it(
         imgs, run / "best.pt", tmp_path / "b", None, IndexConfig(), "cpu", QUIET
     )
     assert meta["calibration"] == stored
-    threshold, how = same_item_threshold(meta, "b")
+    threshold, how = same_item_threshold(pipeline.calibration_of(meta), "b")
     assert threshold == stored["threshold"] and "calibrated on the val classes" in how
     # dedup at the calibrated threshold: the groups of all pairs at or above it, by brute force.
     found = dedup(bundle, None, None, strict=False, keep="first", reporter=QUIET)
@@ -85,7 +86,7 @@ def test_bundles_carry_the_calibration_and_dedup_uses_it(
     )
     assert plain["calibration"] is None
     with pytest.raises(UsageError, match="no same-item calibration.*--threshold"):
-        same_item_threshold(plain, "p")
+        same_item_threshold(pipeline.calibration_of(plain), "p")
 
 
 def brute_groups(vectors: np.ndarray, ids: np.ndarray, t: float) -> set[frozenset[int]]:

@@ -76,6 +76,19 @@ def query(
             "(find -print0) and --paths-only writes them.",
         ),
     ] = False,
+    same_item: Annotated[
+        bool,
+        typer.Option(
+            "--same-item",
+            help="Keep only hits at or above the bundle's calibrated same-item threshold.",
+        ),
+    ] = False,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            min=-1.0, max=1.0, help="With --same-item: this cosine instead of the calibrated one."
+        ),
+    ] = None,
     strict: Annotated[
         bool, typer.Option("--strict", help="Fail on the first unreadable query image.")
     ] = False,
@@ -113,6 +126,7 @@ def query(
       pactl query img.png --paths-only -0 | xargs -0 ls -l
       pactl query queries/ --k 5 --grid hits.png
       pactl query img.png --server http://127.0.0.1:8000
+      pactl query new_photo.jpg --same-item --k 10   # already in the collection?
     """
     from pactl import pipeline
     from pactl.output import HitWriter
@@ -121,18 +135,21 @@ def query(
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid, overwrite)
     check_query_format(images, fmt, paths_only, null)
+    if threshold is not None and not same_item:
+        raise UsageError("--threshold sets the --same-item threshold; give --same-item too")
     if server is not None:
         local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
         given = [name for name, value in local.items() if value is not None]
         given += ["--device"] if device != "auto" else []
         given += ["--faiss-device"] if faiss_device is not FaissDevice.auto else []
+        given += ["--threshold"] if threshold is not None else []
         if given:
             shown = ", ".join(given)
             raise UsageError(f"--server queries the service's own bundle and network: drop {shown}")
         from pactl.serve.client import check_url, remote_chunks
 
         paths = query_paths(images, null, follow_links, log)
-        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self)
+        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self, same_item)
         chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
         skipped = answer_queries(
             chunks, HitWriter(out, sys.stdout, chosen, paths_only, null), strict, None
@@ -156,6 +173,8 @@ def query(
         log,
         know_labels=grid is not None,
         faiss_device=faiss_device.value,
+        same_item=same_item,
+        threshold=threshold,
     )
     skipped = answer_queries(chunks, writer, strict, pictured if grid is not None else None)
     if grid is not None:

@@ -108,7 +108,8 @@ def _pairs(
             rows = np.arange(start, min(start + config.batch_size, searcher.n))
             queries = searcher.vectors(rows)
             lims, found = searcher.candidates(queries, radius)
-            own = np.repeat(rows, np.diff(lims.astype(np.int64)))
+            counts: np.ndarray = np.diff(np.asarray(lims, dtype=np.int64))
+            own = np.repeat(rows, counts)
             keep = (found >= 0) & (found != own)
             own, found = own[keep], found[keep]
             if len(found):

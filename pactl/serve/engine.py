@@ -181,10 +181,11 @@ class Engine:
 
     def same_item_threshold(self) -> float:
         """The current bundle's calibrated same-item threshold (PactlError: it has none)."""
-        from pactl.same_item import same_item_threshold
+        from pactl.calibrate import same_item_threshold
+        from pactl.pipeline import calibration_of
 
-        bundle = self.fresh().bundle
-        return same_item_threshold(bundle.meta, str(self.config.bundle))[0]
+        meta = self.fresh().bundle.meta
+        return same_item_threshold(calibration_of(meta), str(self.config.bundle))[0]
 
     @staticmethod
     def _own_ids(snapshot: Snapshot, own: list[int | str | None]) -> np.ndarray:
