@@ -76,7 +76,7 @@ def dedup(
 
     \b
       pactl dedup runs/<run>/index
-      pactl dedup photos_vectors/ --threshold 0.93 --strict --format csv > groups.csv
+      pactl dedup vectors/ --threshold 0.93 --strict -f csv > groups.csv
       pactl dedup runs/<run>/index --keep largest --paths-only -0 | xargs -0 ls -l
     """
     from pactl.output import GroupWriter

@@ -87,7 +87,7 @@ def eval_(
       pactl eval                             # latest run, its dataset
       pactl eval cars196 --checkpoint runs/<run>/best.pt --report cars.csv
       pactl eval my_photos/ --backbone resnet50   # the ImageNet start
-      pactl eval --calibrate --precision 0.995   # the latest run's same-item threshold
+      pactl eval --calibrate --precision 0.995   # same-item threshold
     """
     from pactl.pipeline import eval_checkpoint
     from pactl.train import latest_run, resumed_configs

@@ -126,7 +126,7 @@ def query(
       pactl query img.png --paths-only -0 | xargs -0 ls -l
       pactl query queries/ --k 5 --grid hits.png
       pactl query img.png --server http://127.0.0.1:8000
-      pactl query new_photo.jpg --same-item --k 10   # already in the collection?
+      pactl query new.jpg --same-item --k 10   # already indexed?
     """
     from pactl import pipeline
     from pactl.output import HitWriter
