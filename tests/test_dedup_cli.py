@@ -126,6 +126,8 @@ def test_query_same_item_keeps_hits_at_or_above_the_threshold(
     assert [r["path"] for r in kept] == [r["path"] for r in everything if float(r["score"]) >= t]
     code, _, err = run_cli([*args, "--same-item"], monkeypatch, capsys)
     assert code == 2 and "no same-item calibration" in one_error(err)
+    code, _, err = run_cli([*args, "--threshold", "0.5"], monkeypatch, capsys)
+    assert code == 2 and "give --same-item too" in one_error(err)
 
 
 def test_eval_calibrate_of_a_backbone_prints_the_threshold(

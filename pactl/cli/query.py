@@ -134,9 +134,7 @@ def query(
     log = reporter(quiet)
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid, overwrite)
-    check_query_format(images, fmt, paths_only, null)
-    if threshold is not None and not same_item:
-        raise UsageError("--threshold sets the --same-item threshold; give --same-item too")
+    check_query_format(images, fmt, paths_only, null, same_item, threshold)
     if server is not None:
         local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
         given = [name for name, value in local.items() if value is not None]
@@ -235,9 +233,19 @@ def no_answer(skipped: int, held: list[tuple[str, str]]) -> str:
     return f"none of the {skipped} query images could be read{first}"
 
 
-def check_query_format(images: list[str], fmt: Format | None, paths_only: bool, null: bool) -> None:
+def check_query_format(
+    images: list[str],
+    fmt: Format | None,
+    paths_only: bool,
+    null: bool,
+    same_item: bool = False,
+    threshold: float | None = None,
+) -> None:
     """Options that would do nothing are refused rather than ignored: --format with
-    --paths-only (bare paths have no format), -0 with neither '-' nor --paths-only."""
+    --paths-only (bare paths have no format), -0 with neither '-' nor --paths-only,
+    --threshold without --same-item."""
+    if threshold is not None and not same_item:
+        raise UsageError("--threshold sets the --same-item threshold; give --same-item too")
     if paths_only and fmt is not None:
         raise UsageError("--paths-only writes bare paths; leave out --format")
     if null and not paths_only and "-" not in images:
