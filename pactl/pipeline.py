@@ -206,7 +206,7 @@ def index_vectors(
             "checkpoint_relative": _relative(meta.get("checkpoint"), out),
             "model_config": meta["model_config"],
             "vectors": str(vectors_dir.resolve()),
-            "calibration": checkpoint_calibration(meta),
+            "calibration": _calibration_to_copy(meta, reporter),
             **tuning,
             **({"next_id": before.next_id} if before is not None else {}),
         }
@@ -228,6 +228,16 @@ def checkpoint_calibration(meta: dict[str, Any]) -> dict[str, Any] | None:
         return None
     calibration = payload.get("calibration")
     return calibration if isinstance(calibration, dict) else None
+
+
+def _calibration_to_copy(meta: dict[str, Any], reporter: Reporter) -> dict[str, Any] | None:
+    """What a new bundle records of its checkpoint's calibration; a checkpoint that cannot be
+    read now (the vectors need only its record) leaves the bundle without one, said once."""
+    try:
+        return checkpoint_calibration(meta)
+    except PactlError as e:
+        reporter.warn(f"the bundle records no same-item calibration: {e}")
+        return None
 
 
 def calibration_of(meta: dict[str, Any]) -> dict[str, Any] | None:
