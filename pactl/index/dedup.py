@@ -267,7 +267,7 @@ def _project(x: np.ndarray, projection: np.ndarray) -> np.ndarray:
 def _ivf(sample: np.ndarray, nlist: int, nprobe: int, reporter: Reporter) -> Any:
     """An IVF with 8-bit codes, trained on `sample`."""
     dim = sample.shape[1]
-    index = faiss.index_factory(dim, f"IVF{nlist}_HNSW32,SQ8", faiss.METRIC_INNER_PRODUCT)
+    index = faiss.index_factory(dim, f"IVF{nlist},SQ8", faiss.METRIC_INNER_PRODUCT)
     ivf = faiss.extract_index_ivf(index)
     # Lists only need to keep near copies together: a small k-means is enough.
     ivf.cp.niter, ivf.cp.min_points_per_centroid = KMEANS_ITERATIONS, TRAIN_PER_LIST
