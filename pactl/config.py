@@ -30,7 +30,8 @@ class ModelConfig:
     mean: tuple[float, ...] | None = None  # per-channel normalisation in [0, 1] units;
     std: tuple[float, ...] | None = None  # None: what the backbone's weights expect
     interpolation: str | None = None  # resize filter (bilinear | bicubic); None: the backbone's
-    pooling: str = "avg+max"  # global average + global max pooling, summed (official head)
+    pooling: str = "avg+max"  # global average + global max pooling, summed (official head);
+    # avg | max alone; token: a transformer's class token (timm ViT, DeiT, EVA...)
     dimension: int | None = None  # the vectors' size, filled in when the network is built
 
 
@@ -65,6 +66,7 @@ class TrainConfig:
     channels_last: bool = True  # NHWC memory layout for convolutions (much faster on CPUs too)
     compile: bool = False  # torch.compile the model
     follow_links: bool = False  # read images through links that lead out of the source folder
+    tensorboard: bool = False  # log loss, lr and metrics per epoch to <run>/tensorboard
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,29 @@ class IndexConfig:
     memory_budget_gb: float = 8.0  # the default index must fit in this much memory
     on_disk: str = "auto"  # auto | yes | no: shards' IVF lists merged on disk (auto: over budget)
     faiss_device: str = "auto"  # auto | cpu | gpu: where FAISS trains, adds and searches exactly
+
+
+# ONNX export: torch's default opset for its exporters (torch.onnx's ONNX_DEFAULT_OPSET, 2.5 to
+# 2.14); 17 brings LayerNormalization (timm's transformers), onnxruntime 1.18 runs up to 21
+ONNX_OPSET, ONNX_MIN_OPSET, ONNX_MAX_OPSET = 20, 17, 21
+
+
+@dataclass(frozen=True)
+class OnnxConfig:
+    opset: int = ONNX_OPSET  # ONNX operator set the graph is written in
+    check_images: int = 3  # random images run by torch and onnxruntime before the file is kept
+    tolerance: float = 1e-4  # their vectors' least cosine must be 1 - tolerance or more
+
+
+@dataclass(frozen=True)
+class ParquetConfig:
+    rows_per_shard: int = 1_000_000  # vectors per .npy shard (2 GB of 512-d float32)
+
+
+@dataclass(frozen=True)
+class QdrantConfig:
+    collection: str = "pactl"  # the collection's name
+    batch_size: int = 256  # points per upsert (and per lookup of the ids already there)
 
 
 @dataclass(frozen=True)
@@ -294,7 +319,7 @@ MODEL_RULES: dict[str, Rule] = {
     "mean": optional(numbers(3, number(0, 1))),
     "std": optional(numbers(3, number(0, 1, above=True))),
     "interpolation": optional(choice(*INTERPOLATIONS)),
-    "pooling": choice("avg+max"),
+    "pooling": choice("avg+max", "avg", "max", "token"),
     "dimension": optional(integer(1, MAX_DIMENSION)),
 }
 
@@ -333,6 +358,7 @@ TRAIN_RULES: dict[str, Rule] = {
     "channels_last": flag(),
     "compile": flag(),
     "follow_links": flag(),
+    "tensorboard": flag(),
 }
 
 

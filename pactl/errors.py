@@ -12,3 +12,13 @@ class UsageError(PactlError):
 class Busy(PactlError):
     """Another pactl process is writing the same folder (its writer lock is held): run again
     when it has finished. The service answers it with 409 Conflict."""
+
+
+class ReadOnly(PactlError):
+    """The folder to change is read-only (a read-only mount, or no write permission): nothing
+    was changed. The service can answer it with 403 Forbidden."""
+
+
+class NoSpace(PactlError):
+    """A write found its device full (or the user's quota spent). The service answers it with
+    507 Insufficient Storage."""

@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from pactl.errors import Busy, PactlError
+from pactl.errors import Busy, NoSpace, PactlError, ReadOnly
 
 CURRENT = ".pactl-current"  # the link naming the current generation
 GENERATION_PREFIX = ".pactl-gen-"
@@ -69,10 +69,10 @@ def _umask() -> int:
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT)  # a full device, or a user's quota spent
 
 
-def no_space(error: BaseException, what: Path) -> PactlError | None:
+def no_space(error: BaseException, what: Path) -> NoSpace | None:
     """The one-line error for a full disk (or quota), or None for any other failure."""
     if isinstance(error, OSError) and error.errno in FULL_DISK:
-        return PactlError(
+        return NoSpace(
             f"no space left on the device writing {what}; the previous output is kept, "
             "free some space and run again"
         )
@@ -163,7 +163,7 @@ def writer_lock(folder: Path) -> Iterator[None]:
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(folder)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -179,7 +179,27 @@ def writer_lock(folder: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the flock
 
 
-KINDS = {"pactl.bundle": "an index bundle", "pactl.vectors": "embedded vectors"}
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _open_lock(folder: Path) -> int:
+    """The lock file's descriptor; ReadOnly when the folder cannot be written (a read-only
+    mount, or no permission), since then nothing in it can be changed either."""
+    try:
+        return os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        if e.errno not in READ_ONLY:
+            raise
+        raise ReadOnly(
+            f"{folder} is read-only ({e.strerror}): pactl cannot change it; reads still work"
+        ) from None
+
+
+KINDS = {
+    "pactl.bundle": "an index bundle",
+    "pactl.vectors": "embedded vectors",
+    "pactl.parquet": "vectors in the Parquet layout",
+}
 
 
 def check_replaceable(folder: Path, kind: str, names: Collection[str]) -> None:

@@ -35,6 +35,7 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError, features
 from torchvision import transforms as T
 
+from pactl.console import Reporter
 from pactl.errors import PactlError
 from pactl.files import NotRegular, one_line, open_regular, os_reason
 
@@ -46,9 +47,11 @@ __all__ = [
     "ImageError",
     "MPerClassSampler",
     "build_transform",
+    "check_header",
     "collate",
     "load_image",
     "to_rgb",
+    "unreadable_images",
 ]
 
 # Twice PIL's default warning threshold, i.e. the size at which PIL itself refuses an image.
@@ -189,6 +192,48 @@ def jpeg_bytes(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) ->
         data = fh.read()
     # A file cut short may decode on the GPU into a half-grey picture: PIL says it is truncated.
     return data if data.rstrip(b"\0\r\n ").endswith(_JPEG_END) else None
+
+
+def check_header(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> None:
+    """What can be told of `path` without decoding its pixels: a regular, non-empty file whose
+    header PIL reads, with a pixel count within `max_pixels`, whose structure PIL's verify()
+    accepts (chunk checksums of a PNG, for one). Raises ImageError like load_image."""
+    with _image_errors(path), _open_regular(path) as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise ImageError(path, "file is empty (0 bytes)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(fh)  # reads the header only
+        with img:
+            _check_pixels(path, img.size, max_pixels)
+            img.verify()
+
+
+def unreadable_images(
+    files: Sequence[Path], reporter: Reporter, threads: int | None = None
+) -> list[tuple[str, str]]:
+    """(path, reason) of each file whose header check_header refuses, in input order. Headers
+    are read by a pool of threads (file reads release the GIL), with a progress bar."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(path: Path) -> tuple[str, str] | None:
+        try:
+            check_header(path)
+        except ImageError as e:
+            return str(path), e.reason
+        return None
+
+    workers = threads or min(16, 2 * (os.cpu_count() or 1))
+    bad = []
+    with (
+        reporter.bar("checking image headers", len(files)) as advance,
+        ThreadPoolExecutor(workers) as pool,
+    ):
+        for result in pool.map(one, files):
+            advance()
+            if result is not None:
+                bad.append(result)
+    return bad
 
 
 def _check_pixels(path: Path | str, size: tuple[int, int], max_pixels: int | None) -> None:

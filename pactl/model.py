@@ -1,4 +1,5 @@
-"""EmbeddingNet: backbone -> global average + global max pooling -> Linear(dim) -> L2 norm."""
+"""EmbeddingNet: backbone -> pooling (global average + global max by default) -> Linear(dim) -> L2
+norm."""
 
 from __future__ import annotations
 
@@ -18,13 +19,29 @@ PROBE_UP_TO = 64
 VANISHES = "too small for the backbone: its feature map vanishes"
 
 
+def _class_token(features: torch.Tensor) -> torch.Tensor:
+    return features[:, :, 0, 0]  # tokens arrive as (B, C, 1, N), the class token first
+
+
+# (B, C, h, w) feature map -> (B, C); a transformer's N tokens arrive as (B, C, 1, N).
+POOLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "avg+max": lambda f: f.mean(dim=(2, 3)) + f.amax(dim=(2, 3)),  # the official head
+    "avg": lambda f: f.mean(dim=(2, 3)),
+    "max": lambda f: f.amax(dim=(2, 3)),
+    "token": _class_token,
+}
+
+
 class EmbeddingNet(nn.Module):
     """embedding_dim 0: no head, the pooled backbone features themselves (the baseline a
     pretrained network gives before any training)."""
 
-    def __init__(self, backbone: nn.Module, feat_dim: int, embedding_dim: int) -> None:
+    def __init__(
+        self, backbone: nn.Module, feat_dim: int, embedding_dim: int, pooling: str = "avg+max"
+    ) -> None:
         super().__init__()
         self.backbone = backbone
+        self.pool = POOLINGS[pooling]
         self.embedding: nn.Module = nn.Identity()
         if embedding_dim:
             self.embedding = nn.Linear(feat_dim, embedding_dim)
@@ -34,7 +51,7 @@ class EmbeddingNet(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images)  # (B, C, h, w)
-        pooled = features.mean(dim=(2, 3)) + features.amax(dim=(2, 3))  # (B, C)
+        pooled = self.pool(features)  # (B, C)
         return F.normalize(self.embedding(pooled).float(), dim=1)  # (B, dim), unit rows
 
     def head_parameters(self) -> list[nn.Parameter]:
@@ -47,7 +64,9 @@ def build_model(config: ModelConfig, seed: int = 0) -> tuple[EmbeddingNet, Model
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         backbone = build_backbone(config.backbone, config.weights)
-        model = EmbeddingNet(backbone.module, backbone.feat_dim, config.embedding_dim)
+        model = EmbeddingNet(
+            backbone.module, backbone.feat_dim, config.embedding_dim, config.pooling
+        )
     return model, resolve_preprocessing(config, backbone)
 
 
@@ -91,6 +110,19 @@ def check_model_config(
     problem = input_problem(config)
     if problem is not None:
         raise error(f"{name('image_size')} {config.image_size}: {problem}")
+    if config.pooling == "token" and not has_class_token(config.backbone):
+        raise error(
+            f"{name('pooling')} token takes a transformer's class token, and {config.backbone} "
+            "has none; use a timm ViT (timm:vit_small_patch16_224, ...) or avg+max, avg, max"
+        )
+
+
+def has_class_token(backbone: str) -> bool:
+    """Whether the backbone's features are tokens led by a class token (meta device: no
+    weights, no time)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        module = build_backbone(backbone, "none").module
+    return bool(getattr(module, "class_token", False))
 
 
 def input_problem(config: ModelConfig) -> str | None:

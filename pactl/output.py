@@ -6,9 +6,12 @@ each format does with them:
 
 - table, for people: each name through console.visible() in a rich Text, so markup, :emoji:
   codes, control characters and bidi overrides are shown, never acted on.
-- csv: exact. A field holding a line break (a lone `\r` too), a comma or a quote is quoted, and
-  bytes that are not UTF-8 are written as themselves (surrogateescape): read it back with
-  newline="" and errors="surrogateescape" and os.fsencode gives each name's bytes.
+- csv: exact, and never a formula. A field holding a line break (a lone `\r` too), a comma or a
+  quote is quoted, and bytes that are not UTF-8 are written as themselves (surrogateescape):
+  read it back with newline="" and errors="surrogateescape", undo the formula escape
+  (unescape_cell) and os.fsencode gives each name's bytes. Every CSV pactl writes goes through
+  CsvWriter, which escapes text cells that a spreadsheet would take for a formula (see
+  escape_cell).
 - jsonl: exact and ASCII. json.dumps escapes every non-ASCII character (a lone surrogate as
   "\udce9"), so each line is valid JSON in valid UTF-8; json.loads gives back the same str.
 - paths only: each path's own bytes (os.fsencode), then NUL (-0) or a newline, so `xargs -0`
@@ -22,7 +25,8 @@ import csv
 import io
 import json
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,6 +36,72 @@ from rich.text import Text
 
 from pactl.console import Reporter, visible
 from pactl.paths import NAME_ENCODING, NAME_ERRORS
+
+# A spreadsheet takes a cell starting with one of these for a formula (OWASP, "CSV Injection").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+ESCAPE = "'"  # the prefix OWASP recommends: the cell is shown as text, the quote hidden
+# A text cell that is a plain decimal number ("-0.5", "1e-06") is read as that number, never
+# as a formula, so it keeps its sign unescaped (scores and metrics written as text).
+PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def escape_cell(value: Any) -> Any:
+    """`value` as a CSV cell that no spreadsheet runs: a str that starts with = + - @ TAB or CR
+    gets a leading single quote. Numbers (int, float) and text that is a plain decimal number
+    are left as they are: a spreadsheet reads them as numbers. A str that starts with a quote
+    and then one of those characters (or a second quote) gets one too, so that unescape_cell
+    gives back every str exactly."""
+    if not isinstance(value, str) or not value or PLAIN_NUMBER.fullmatch(value):
+        return value
+    if value.startswith(FORMULA_START) or _escaped(value):
+        return ESCAPE + value
+    return value
+
+
+def unescape_cell(text: str) -> str:
+    """The str that escape_cell turned into `text`."""
+    return text[1:] if _escaped(text) else text
+
+
+def _escaped(text: str) -> bool:
+    return len(text) > 1 and text[0] == ESCAPE and text[1:].startswith((*FORMULA_START, ESCAPE))
+
+
+class CsvWriter:
+    """csv.writer with every cell through escape_cell: the one way pactl writes CSV. `quote`
+    (QUOTE_NONNUMERIC) quotes every str, so a CR or LF inside a name stays inside its field
+    (unquoted, a lone CR would end the row for every CSV reader)."""
+
+    def __init__(self, stream: Any, quote: bool = True) -> None:
+        quoting = csv.QUOTE_NONNUMERIC if quote else csv.QUOTE_MINIMAL
+        self._writer = csv.writer(stream, lineterminator="\n", quoting=quoting)  # type: ignore[arg-type]
+
+    def writerow(self, row: Iterable[Any]) -> None:
+        self._writer.writerow([escape_cell(v) for v in row])
+
+    def writerows(self, rows: Iterable[Iterable[Any]]) -> None:
+        for row in rows:
+            self.writerow(row)
+
+
+def csv_text(
+    header: Sequence[str] | None, rows: Iterable[Iterable[Any]], quote: bool = False
+) -> str:
+    """A CSV file's text (the header, unless None, then the rows), for an atomic write."""
+    buffer = io.StringIO()
+    writer = CsvWriter(buffer, quote)
+    if header is not None:
+        writer.writerow(header)
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_rows(path: Path, header: Sequence[str], rows: Iterable[Iterable[Any]]) -> None:
+    """A CSV file of names (strings quoted, bytes that are not UTF-8 kept as they are)."""
+    with open(path, "w", newline="", encoding=NAME_ENCODING, errors=NAME_ERRORS) as f:
+        writer = CsvWriter(f)
+        writer.writerow(header)
+        writer.writerows(rows)
 
 
 class HitWriter:
@@ -88,9 +158,9 @@ class HitWriter:
 
     def _csv(self, rows: list[Any]) -> None:
         buffer = io.StringIO()
-        plain = csv.writer(buffer, lineterminator="\n")
+        plain = CsvWriter(buffer, quote=False)
         # The writer quotes \n but not a lone \r, which a reader takes for a line end.
-        quoted = csv.writer(buffer, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
+        quoted = CsvWriter(buffer)
         if not self.header_done:
             plain.writerow(self.columns)
             self.header_done = True
@@ -135,9 +205,7 @@ def format_rows(header: list[str], rows: list[list[str]], fmt: str) -> str:
     if fmt == "json":
         return json.dumps([dict(zip(header, row, strict=True)) for row in rows], indent=2) + "\n"
     if fmt == "csv":
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows([header, *rows])
-        return buffer.getvalue()
+        return csv_text(header, rows)
     if fmt == "tsv":
         return "".join("\t".join(row) + "\n" for row in rows)
     shown = [[visible(cell) for cell in row] for row in [header, *rows]]
@@ -146,19 +214,6 @@ def format_rows(header: list[str], rows: list[list[str]], fmt: str) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
         for row in shown
     )
-
-
-def csv_writer(f: Any) -> Any:
-    """Strings quoted, numbers not: a CR or LF inside a name stays inside its field (unquoted,
-    a lone CR would end the row for every CSV reader)."""
-    return csv.writer(f, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
-
-
-def write_rows(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    with open(path, "w", newline="", encoding=NAME_ENCODING, errors=NAME_ERRORS) as f:
-        writer = csv_writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
 
 
 class GroupWriter(HitWriter):

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pactl.config import IndexConfig, ModelConfig, Preset, read_config
+from pactl.config import (
+    IndexConfig,
+    ModelConfig,
+    OnnxConfig,
+    ParquetConfig,
+    Preset,
+    QdrantConfig,
+    read_config,
+)
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 
@@ -55,11 +63,13 @@ def embed_source(
     follow_links: bool = False,
     commit_every: int | None = None,
     gpu_decode: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Embed a source with a checkpoint or a backbone (`model_from`) into `out_dir`, or with
     `shard` ("i/n", "auto") one slice of it into `out_dir/shards/<i>-of-<n>/`; ids are positions
     in the whole (sorted) input list. Progress is committed every `commit_every` images
-    (default pactl.config.COMMIT_EVERY)."""
+    (default pactl.config.COMMIT_EVERY). Vectors of another network in `out_dir` are replaced
+    only with `overwrite`."""
     from pactl.embed import VECTORS_FILES, VECTORS_FORMAT, Shard, parse_shard
     from pactl.fsutil import check_replaceable
 
@@ -86,6 +96,7 @@ def embed_source(
         amp,
         commit_every=commit_every,
         gpu_decode=gpu_decode,
+        replace_other=overwrite,
     )
 
 
@@ -99,8 +110,13 @@ def gather_vectors(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
 
 def read_parts(folder: Path) -> tuple[list[tuple[np.ndarray, Any]], dict[str, Any]]:
     """Per shard, in shard order, its memory-mapped vectors and ItemTable, and the set's meta
-    (count summed); a folder without shards/ is one part. Nothing is joined or copied."""
+    (count summed); a folder without shards/ is one part, and so is each shard of the Parquet
+    layout (pactl.interop.parquet). Nothing is joined or copied."""
     from pactl.embed import Shard, read_embedded
+    from pactl.interop.parquet import is_parquet_folder, read_parquet
+
+    if is_parquet_folder(folder):
+        return read_parquet(folder)
 
     shards = sorted((folder / "shards").glob("*-of-*/meta.json"))
     if not shards:
@@ -334,10 +350,14 @@ def add_to_index(
     reporter: Reporter,
     workers: int = 0,
     follow_links: bool = False,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     """Embed the images of `source` that the bundle lacks, or holds from before their file
     changed (size or mtime), with its own model and append them; a changed file's old item is
-    deleted in the same new generation. Files gone from `source` are not deleted."""
+    deleted in the same new generation. Files gone from `source` are not deleted.
+
+    `checkpoint`: the bundle's checkpoint where it lies now (its recorded place may be gone);
+    one with other weights than the bundle's is refused before any work."""
     from pactl.fsutil import remove_stale, writer_lock
     from pactl.index import check_folder, load_bundle
 
@@ -345,9 +365,25 @@ def add_to_index(
     with writer_lock(bundle_dir):  # one writer at a time; queries go on reading
         remove_stale(bundle_dir)  # a .add left by a killed --add
         bundle = load_bundle(bundle_dir, mmap=False)  # handed over: freed before the add
+        if checkpoint is not None:
+            check_own_checkpoint(checkpoint, bundle.meta, bundle_dir)
         files, labels = source_items(source, split, reporter, follow_links)
         return _add_locked(
-            files, labels, source, bundle, bundle_dir, device_name, reporter, workers
+            files, labels, source, bundle, bundle_dir, device_name, reporter, workers, checkpoint
+        )
+
+
+def check_own_checkpoint(checkpoint: Path, meta: dict[str, Any], bundle_dir: Path) -> None:
+    """Refuse a checkpoint whose weights are not those that made the bundle (fingerprints)."""
+    from pactl import checkpoint as ckpt
+
+    theirs = ckpt.fingerprint(ckpt.load(checkpoint)["model"])
+    mine = meta.get("fingerprint")
+    if theirs != mine:
+        raise PactlError(
+            f"{checkpoint} is not the network of {bundle_dir} (weights fingerprint "
+            f"{theirs[:12]}, the bundle's {str(mine)[:12]}): --add embeds with the bundle's own "
+            "network; give its checkpoint, or none, or build a new bundle"
         )
 
 
@@ -360,6 +396,7 @@ def _add_locked(
     device_name: str,
     reporter: Reporter,
     workers: int,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     from pactl.index import add_to_bundle, bundle_count
 
@@ -378,7 +415,7 @@ def _add_locked(
     scratch = bundle_dir / ".add"
     first = bundle.next_id
     ids = np.arange(first, first + len(new), dtype=np.int64)
-    recorded = bundle_checkpoint(bundle.meta, bundle_dir)
+    recorded = checkpoint or bundle_checkpoint(bundle.meta, bundle_dir)
     model_from: ModelSource = recorded or read_config(
         ModelConfig, bundle.meta.get("model_config"), f"{bundle_dir / 'meta.json'}: model_config"
     )
@@ -470,9 +507,11 @@ def embed_source_files(
     scratch: bool = False,
     commit_every: int | None = None,
     gpu_decode: bool = False,
+    replace_other: bool = False,
 ) -> dict[str, Any]:
     """Embed `files` (with explicit `ids`) with a checkpoint's or a backbone's network
-    (`scratch`: into a private folder, pactl.embed.embed_to_folder)."""
+    (`scratch`: into a private folder; `replace_other`: over vectors of another network;
+    pactl.embed.embed_to_folder)."""
     from pactl.checkpoint import open_network
     from pactl.config import COMMIT_EVERY
     from pactl.embed import embed_to_folder
@@ -496,6 +535,7 @@ def embed_source_files(
         scratch=scratch,
         commit_every=commit_every or COMMIT_EVERY,
         gpu_decode=gpu_decode,
+        replace_other=replace_other,
     )
 
 
@@ -538,7 +578,11 @@ def index_images(
             live = set()  # damaged: index_vectors says so, and rebuilds it
         check_nothing_dropped(bundle, live, {os.path.abspath(f) for f in files}, source)
     ids = np.arange(len(files), dtype=np.int64)
-    embed_source_files(files, labels, ids, model_from, vectors_dir, device_name, reporter, workers)
+    # the bundle's own vectors: rebuilt with it, whatever network made the old ones
+    embed_source_files(
+        files, labels, ids, model_from, vectors_dir, device_name, reporter, workers,
+        replace_other=True,
+    )  # fmt: skip
     return index_vectors(vectors_dir, bundle, config, reporter, overwrite=True)
 
 
@@ -625,29 +669,64 @@ def query_chunks(
     batch_size: int = 128,
     know_labels: bool = False,
     faiss_device: str = "auto",
+    qdrant: tuple[str, str] | None = None,
     same_item: bool = False,
     threshold: float | None = None,
 ) -> Any:
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number.
-    With `same_item`, only hits at or above the same-item threshold (`threshold`, else the
-    bundle's calibrated one) are kept: a query may then have none."""
+    `qdrant`: (URL or folder, collection) searched instead of the bundle's index, the queries
+    embedded with the bundle's network all the same. With `same_item`, only hits at or above
+    the same-item threshold (`threshold`, else the bundle's calibrated one) are kept: a query
+    may then have none."""
+    opened = open_query_model(bundle_dir, checkpoint, device_name, faiss_device)
+    least = None
+    if same_item:
+        from pactl.calibrate import same_item_threshold
+
+        meta = opened[0].meta
+        least, how = same_item_threshold(calibration_of(meta), str(bundle_dir), threshold)
+        reporter.log(f"same item: {how}")
+    find = None
+    if qdrant is not None:
+        from pactl.interop.qdrant import QdrantSearch
+
+        find = QdrantSearch(*qdrant, int(opened[0].index.d), k)
+    try:
+        yield from answer_chunks(
+            *opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels, find, least
+        )
+    finally:
+        if find is not None:
+            find.close()
+
+
+def answer_chunks(
+    bundle: Any,
+    model: Any,
+    model_cfg: ModelConfig,
+    device: Any,
+    images: Any,
+    k: int,
+    exclude_self: bool,
+    reporter: Reporter,
+    chunk: int = 512,
+    batch_size: int = 128,
+    know_labels: bool = False,
+    find: Any = None,
+    least: float | None = None,
+) -> Any:
+    """query_chunks over a bundle and model already open (open_query_model): `pactl query` and
+    pactl.api.Index.query embed and search query files by this one loop. `find(names, vectors,
+    own ids or None)` gives the hits instead of the bundle's index (a Qdrant collection). Hits
+    below `least` (a same-item threshold) are left out."""
     from itertools import islice
 
     from pactl.embed import embed_files, fastpath
     from pactl.images import reason_of
     from pactl.index.search import PathIndex, hits, search
 
-    bundle, model, model_cfg, device = open_query_model(
-        bundle_dir, checkpoint, device_name, faiss_device
-    )
     if k > bundle.live_count:
         reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
-    least = None
-    if same_item:
-        from pactl.calibrate import same_item_threshold
-
-        least, how = same_item_threshold(calibration_of(bundle.meta), str(bundle_dir), threshold)
-        reporter.log(f"same item: {how}")
     # Queries are found among the indexed items only when that is asked for.
     wanted = exclude_self or know_labels
     lookup = PathIndex(bundle.items, skip=bundle.deleted) if wanted else None
@@ -658,13 +737,55 @@ def query_chunks(
         done = embed_files(model, batch, model_cfg, device, reporter, batch_size=batch_size)
         names = [str(batch[i]) for i in done.rows]
         own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
-        scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
+        if find is None:
+            scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
+            found = hits(bundle, names, scores, ids)
+        else:
+            found = find(names, done.vectors, own if exclude_self else None)
         failed = [(str(batch[i]), reason_of(batch[i], why)) for i, why in done.failed]
         labels = [_item_label(bundle, int(i)) for i in own]
-        found = hits(bundle, names, scores, ids)
         if least is not None:
             found = [[h for h in row if h.score >= least] for row in found]
         yield QueryChunk(names, found, failed, labels)
+
+
+def export_onnx(
+    checkpoint: Path, out: Path, config: OnnxConfig, reporter: Reporter
+) -> dict[str, Any]:
+    """`pactl export CHECKPOINT --to onnx`: the network as an ONNX file checked by
+    onnxruntime (pactl.interop.onnx_model)."""
+    from dataclasses import asdict
+
+    from pactl.interop.onnx_model import export_onnx as export
+
+    return asdict(export(checkpoint, out, config, reporter))
+
+
+def export_parquet(
+    vectors_dir: Path, out: Path, config: ParquetConfig, reporter: Reporter
+) -> dict[str, Any]:
+    """`pactl export VECTORS --to parquet`: a vectors folder (its shards in order) in the
+    clip-retrieval layout (pactl.interop.parquet)."""
+    from pactl.interop.parquet import write_parquet
+
+    check_apart(vectors_dir, out)
+    parts, meta = read_parts(vectors_dir)
+    return write_parquet(parts, meta, out, reporter, config)
+
+
+def export_qdrant(
+    source: Path, target: str, config: QdrantConfig, reporter: Reporter
+) -> dict[str, int]:
+    """`pactl export BUNDLE --to qdrant`: a bundle's live items (or a vectors folder's) as
+    points of a Qdrant collection, skipping those already there (pactl.interop.qdrant)."""
+    from pactl.index import META_FILE, load_bundle
+    from pactl.interop.qdrant import bundle_vectors, export_vectors
+
+    if (source / META_FILE).is_file() and (source / "index.faiss").exists():
+        vectors, items = bundle_vectors(load_bundle(source, mmap=False))
+    else:
+        vectors, items, _ = gather_vectors(source)
+    return export_vectors(vectors, items, target, config, reporter)
 
 
 def _item_label(bundle: Any, item_id: int) -> str | None:
@@ -681,9 +802,9 @@ def eval_checkpoint(
     workers: int,
     reporter: Reporter,
     follow_links: bool = False,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], ModelConfig]:
     """Recall@K, MAP@R, R-precision and NMI of a checkpoint's or a backbone's network on a
-    dataset's test split."""
+    dataset's test split, and the network's model config."""
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
@@ -698,7 +819,8 @@ def eval_checkpoint(
     device = resolve_device(device_name)
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
-    return evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+    scores = evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+    return scores, network.config
 
 
 def calibrate_source(

@@ -88,6 +88,13 @@ def plot_curves(
         fig.savefig(tmp, format=fmt.lower(), dpi=100)
 
 
+def save_figure(fig: Figure, out: Path, dpi: int = 100) -> None:
+    """Write a matplotlib Figure atomically in the format `out`'s extension names."""
+    fmt = check_image_path(out)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format=fmt.lower(), dpi=dpi)
+
+
 def plot_calibration(calibration: Calibration, out: Path) -> None:
     """calibration.png: precision against recall of "cosine >= t" on the held-out pairs, with
     the calibrated threshold marked."""

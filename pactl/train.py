@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import io
 import json
 import math
 import os
@@ -23,7 +22,7 @@ from torch import nn
 from pactl import __version__
 from pactl import checkpoint as ckpt
 from pactl.config import ModelConfig, TrainConfig, read_config, to_dict, weights_words
-from pactl.console import Reporter, counted
+from pactl.console import QUIET, Reporter, counted
 from pactl.datasets import Manifest
 from pactl.distributed import World, barrier, gather_batch, init_world, share_sizes
 from pactl.embed import embed_files
@@ -31,6 +30,7 @@ from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text, make_folder
 from pactl.loaders import loader_for
 from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
+from pactl.output import csv_text
 from pactl.report import selection_score
 from pactl.runtime import autocast, resolve_device
 
@@ -64,6 +64,7 @@ class Trainer:
     world: World
     cfg: TrainConfig
     model_cfg: ModelConfig
+    writer: Any = None  # a TensorBoard SummaryWriter with --tensorboard (first process only)
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -406,9 +407,36 @@ class Splits:
     test: Manifest  # test, or query + gallery
 
 
-def check_splits(manifest: Manifest, cfg: TrainConfig) -> Splits:
+SKIPPED_FILE = "skipped.csv"  # the images of a run's manifest whose headers cannot be read
+
+
+def readable_rows(manifest: Manifest, run_dir: Path, reporter: Reporter, main: bool) -> Manifest:
+    """The manifest less the images whose header cannot be read (checked all at once before
+    training, not met one by one when drawn), which are reported once: one warning, and
+    run_dir/skipped.csv (path, reason) written by the main process."""
+    from pactl.images import unreadable_images
+    from pactl.output import write_rows
+
+    bad = unreadable_images(manifest.files(), reporter if main else QUIET)
+    if not bad:
+        return manifest
+    if main:
+        with writing_in(run_dir):
+            write_rows(run_dir / SKIPPED_FILE, ("path", "reason"), bad)
+        path, reason = bad[0]
+        reporter.warn(
+            f"{counted(len(bad), 'unreadable image')} left out of training and evaluation "
+            f"({path}: {reason}); all listed in {run_dir / SKIPPED_FILE}"
+        )
+    gone = {path for path, _ in bad}
+    keep = [i for i, f in enumerate(manifest.files()) if str(f) not in gone]
+    return dataclasses.replace(manifest.subset(keep), duplicates=manifest.duplicates)
+
+
+def check_splits(manifest: Manifest, cfg: TrainConfig, unreadable: int = 0) -> Splits:
     """Train, validation and test parts; without a `val` split in the manifest, a share
-    (cfg.val_classes) of the train classes is held out as validation classes."""
+    (cfg.val_classes) of the train classes is held out as validation classes. `unreadable`:
+    images already left out, named when too few are left for a batch."""
     train = manifest.select("train")
     val = manifest.select("val")
     if not len(val) and cfg.val_classes > 0:
@@ -419,8 +447,11 @@ def check_splits(manifest: Manifest, cfg: TrainConfig) -> Splits:
     if len(evaluation) == 0:
         raise PactlError(f"{manifest.source}: the test split is empty")
     if cfg.batch_size > len(train):
+        left = f", {unreadable:,} unreadable images left out" if unreadable else ""
         raise PactlError(
-            f"--batch-size {cfg.batch_size} is larger than the train split ({len(train)} images)"
+            f"--batch-size {cfg.batch_size} is larger than the train split "
+            f"({counted(len(train), 'readable image' if unreadable else 'image')}{left}): "
+            "give a smaller --batch-size"
         )
     return Splits(train, val, evaluation)
 
@@ -465,12 +496,8 @@ def append_metrics(path: Path, columns: list[str], row: dict[str, Any]) -> None:
     """One CSV row per epoch, header written once; the file is replaced atomically with the new
     row added, so a kill or a full disk leaves every earlier row as it was."""
     before = path.read_text(encoding="utf-8") if path.exists() else ""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    if not before:
-        writer.writeheader()
-    writer.writerow({c: _fmt(row.get(c, "")) for c in columns})
-    atomic_write_text(path, before + buffer.getvalue())
+    text = csv_text(None if before else columns, [[_fmt(row.get(c, "")) for c in columns]])
+    atomic_write_text(path, before + text)
 
 
 def _fmt(value: Any) -> Any:
@@ -506,6 +533,35 @@ def run_config(
         "train_config": to_dict(cfg),
         "classes": classes,
     }
+
+
+def write_provenance(
+    t: Trainer, run_dir: Path, info: dict[str, Any], manifest: Manifest, resume: bool
+) -> None:
+    """provenance.json (pactl.provenance): written when the run starts; a resume keeps it and
+    adds its own command line, versions and devices under `resumes`."""
+    from pactl import provenance
+
+    path = run_dir / "provenance.json"
+    here = provenance.collect(
+        configs={k: info[k] for k in ("dataset", "manifest", "model_config", "train_config")},
+        seed=t.cfg.seed,
+        device=t.device,
+        start_weights=ckpt.fingerprint(ckpt.clean_state_dict(t.net)),
+        weights=t.model_cfg.weights,
+        manifest=manifest,
+        world_size=t.world.size,
+    )
+    if resume and path.is_file():
+        try:
+            first = json.loads(path.read_bytes())
+        except ValueError:
+            first = None
+        if isinstance(first, dict) and first.get("format") == provenance.FORMAT:
+            keys = ("command", "packages", "cuda", "driver", "devices", "config")
+            first.setdefault("resumes", []).append({k: here[k] for k in keys})
+            here = first
+    atomic_write_text(path, json.dumps(here, indent=2) + "\n")
 
 
 def save_state(
@@ -590,7 +646,9 @@ def fit(
             f"--batch-size {cfg.batch_size} is not divisible by {world.size} processes"
         )
     cfg = resolve_train_config(model_cfg, cfg, world)
-    splits = check_splits(manifest, cfg)
+    readable = readable_rows(manifest, run_dir, reporter, world.is_main)
+    splits = check_splits(readable, cfg, len(manifest) - len(readable))
+    manifest = readable
     if cfg.selection == "val" and not len(splits.val):
         why = "--val-classes 0" if not cfg.val_classes else "too few train classes to hold out"
         reporter.log(f"no validation classes ({why}): best.pt is the last epoch")
@@ -601,6 +659,8 @@ def fit(
     labels = np.searchsorted(classes_present, splits.train.labels)  # 0..C-1 for the proxies
     classes = [str(c) for c in classes_present.tolist()]
     t = build_trainer(model_cfg, cfg, len(classes_present), world)
+    if cfg.tensorboard and world.is_main:
+        t.writer = tensorboard_writer(run_dir)
     state: dict[str, Any] = {"best": {"epoch": -1, "metrics": {}}, "last": {}, "start": {}}
     start = 0
     columns = metric_columns(cfg, with_val=len(splits.val) > 0)
@@ -612,6 +672,7 @@ def fit(
         info = run_config(source, manifest, t.model_cfg, cfg, classes)
         with writing_in(run_dir):
             atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
+            write_provenance(t, run_dir, info, manifest, resume)
     if not resume:
         evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
     for epoch in range(start, cfg.epochs):
@@ -633,6 +694,8 @@ def fit(
 
         with writing_in(run_dir):
             plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+        if t.writer is not None:
+            t.writer.close()
         calibrate_run(t, splits, run_dir, reporter)
     best = state["best"]
     return TrainResult(
@@ -730,7 +793,49 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
         ),
         f"test resize {model_cfg.resize_size} px, {model_cfg.interpolation}: "
         "what the backbone's weights were evaluated with",
+        describe_optimiser(cfg),
+        describe_schedule(cfg),
     ]
+
+
+def describe_optimiser(cfg: TrainConfig) -> str:
+    """The optimiser as build_trainer makes it (param_groups); a loss without proxies (triplet,
+    contrastive, multi-similarity) has no group of its own."""
+    from pactl.losses import build_loss
+
+    proxies = any(True for _ in build_loss(cfg.loss, 2, 2, cfg.alpha, cfg.delta).parameters())
+    return (
+        f"optimiser AdamW: lr {cfg.lr:g} for the backbone and the head"
+        + (
+            f", {cfg.lr * cfg.proxy_lr_mult:g} for the proxies (x{cfg.proxy_lr_mult:g})"
+            if proxies
+            else f" ({cfg.loss} has no proxies)"
+        )
+        + f", weight decay {cfg.weight_decay:g}"
+        + (f", gradients clipped at {cfg.grad_clip:g}" if cfg.grad_clip > 0 else "")
+    )
+
+
+def describe_schedule(cfg: TrainConfig, shown: int = 4) -> str:
+    """The learning-rate schedule as build_trainer makes it (StepLR, stepped once an epoch),
+    with the epochs after which the rate falls within this run."""
+    steps = list(range(cfg.lr_decay_step, cfg.epochs, cfg.lr_decay_step))
+    warm = (
+        f"; the first {counted(cfg.warmup_epochs, 'epoch')} train only the head and the proxies"
+        if cfg.warmup_epochs
+        else ""
+    )
+    if not steps:
+        return (
+            f"schedule: constant lr {cfg.lr:g} for {counted(cfg.epochs, 'epoch')} (step decay "
+            f"every {cfg.lr_decay_step} epochs never falls within the run){warm}"
+        )
+    listed = ", ".join(str(s) for s in steps[:shown]) + (", ..." if len(steps) > shown else "")
+    final = cfg.lr * cfg.lr_decay_gamma ** len(steps)
+    return (
+        f"schedule: step decay, lr x{cfg.lr_decay_gamma:g} every {cfg.lr_decay_step} epochs "
+        f"(after epochs {listed}; {cfg.lr:g} -> {final:.3g} by epoch {cfg.epochs}){warm}"
+    )
 
 
 def describe_recipe(model_cfg: ModelConfig, cfg: TrainConfig, splits: Splits) -> str:
@@ -832,6 +937,8 @@ def record_epoch(
         if isinstance(row.get(k), float)
     )
     reporter.log(f"epoch {epoch}/{t.cfg.epochs}: {shown}")
+    if t.writer is not None:
+        log_scalars(t.writer, row)
     for warning in health_warnings(row, state["start"]):
         reporter.warn(f"epoch {epoch}: {warning}")
     score = selection_score(row, t.cfg.selection)
@@ -852,6 +959,31 @@ def record_epoch(
             )
         if epoch > 0:
             save_state(t, run_dir, epoch, classes, state)
+
+
+def tensorboard_writer(run_dir: Path) -> Any:
+    """A SummaryWriter into run_dir/tensorboard (`tensorboard --logdir runs/`)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise PactlError(
+            "--tensorboard needs tensorboard: pip install 'pactl[tensorboard]'"
+        ) from None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+
+def log_scalars(writer: Any, row: dict[str, Any]) -> None:
+    """One epoch's numbers at step = epoch: train/loss, train/lr, test/<metric>, val/<metric>
+    (the epoch's seconds as time/seconds)."""
+    for key, value in row.items():
+        if key == "epoch" or not isinstance(value, float) or not math.isfinite(value):
+            continue
+        group = (
+            "train" if key in ("loss", "lr") else "time" if key == "seconds" else
+            "val" if key.startswith("val_") else "test"
+        )  # fmt: skip
+        writer.add_scalar(f"{group}/{key.removeprefix('val_')}", value, int(row["epoch"]))
+    writer.flush()
 
 
 # A Recall@1 below this share of the epoch-0 value, or a mean pairwise cosine above this, is

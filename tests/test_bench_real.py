@@ -12,7 +12,6 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -36,44 +35,6 @@ bench_real = _load("bench_real")
 
 
 # ---------------------------------------------------------------- lite0 conversion
-
-
-def test_lite0_mapping_keeps_order_and_fits_timm_strictly() -> None:
-    timm = pytest.importorskip("timm")
-    shapes = lite0.timm_shapes()
-    assert len(shapes) == lite0.TENSOR_COUNT
-    # A source in another naming scheme: tensor i is filled with i, so order is visible.
-    source = {
-        f"_src.{i}.{key.rsplit('.', 1)[-1]}": torch.full(shape, float(i))
-        for i, (key, shape) in enumerate(shapes.items())
-    }
-    out = lite0.convert_state_dict(source, shapes)
-    assert list(out) == list(shapes)
-    for i, (key, tensor) in enumerate(out.items()):
-        assert tuple(tensor.shape) == shapes[key]
-        assert tensor.numel() == 0 or float(tensor.flatten()[0]) == float(i), key
-    model = timm.create_model(lite0.ARCH, pretrained=False)
-    model.load_state_dict(out)  # strict
-    assert float(model.conv_stem.weight[0, 0, 0, 0].detach()) == 0.0
-    assert float(model.classifier.bias[0].detach()) == float(len(shapes) - 1)
-
-
-def test_lite0_mapping_refuses_shape_kind_and_count_mismatches() -> None:
-    target = {"bn.weight": (4,), "bn.bias": (4,), "fc.weight": (2, 4)}
-    good = {"_bn.weight": torch.ones(4), "_bn.bias": torch.zeros(4), "_fc.weight": torch.ones(2, 4)}
-    assert list(lite0.convert_state_dict(good, target)) == list(target)
-    swapped = {
-        "_bn.bias": torch.zeros(4),
-        "_bn.weight": torch.ones(4),
-        "_fc.weight": torch.ones(2, 4),
-    }
-    with pytest.raises(ValueError, match="_bn.bias"):
-        lite0.convert_state_dict(swapped, target)  # same shapes, bias where a weight belongs
-    wrong_shape = {**good, "_fc.weight": torch.ones(4, 2)}
-    with pytest.raises(ValueError, match="_fc.weight"):
-        lite0.convert_state_dict(wrong_shape, target)
-    with pytest.raises(ValueError, match="2 tensors"):
-        lite0.convert_state_dict(dict(list(good.items())[:2]), target)
 
 
 def test_expected_imagenet_classes_name_what_the_photos_show() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, make_class_folder, read_csv, run_cli, train_tiny
+from conftest import TINY, make_class_folder, one_error, read_csv, run_cli, train_tiny
 
 
 @pytest.fixture
@@ -249,10 +249,16 @@ def test_reembed_only_new_or_changed_files(
     )
     code, out, err = run_cli([*embed[:-1]], monkeypatch, capsys)  # not quiet: says why
     assert code == 0 and "up to date" in err
-    # another network into the same folder: every image again, and a line says why
+    # another network into the same folder: refused, the vectors kept; --overwrite replaces
+    # them (every image again), and a line says why
     other = ["embed", "imgs", "--backbone", "small", "--weights", "none", "--out", "vec"]
     monkeypatch.chdir(tmp_path)
-    code, out, err = run_cli(other, monkeypatch, capsys)
+    kept = (tmp_path / "vec" / "meta.json").read_bytes()
+    code, out, err = run_cli([*other, "--quiet"], monkeypatch, capsys)
+    assert code == 1 and out == ""
+    assert "come from another network" in one_error(err) and "--overwrite" in err
+    assert (tmp_path / "vec" / "meta.json").read_bytes() == kept
+    code, out, err = run_cli([*other, "--overwrite"], monkeypatch, capsys)
     assert code == 0 and "come from another network" in err, err
     assert json.loads((tmp_path / "vec" / "meta.json").read_text())["reused"] == 0
 

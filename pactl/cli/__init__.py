@@ -1,8 +1,8 @@
 """The `pactl` command line: thin commands over the library (no torch/faiss at import time).
 
-One module per verb (download, train, embed, index, query, dedup, eval, list, serve), the
-options and checks they share in `options`; this module assembles the Typer app and its entry
-point."""
+One module per verb (download, train, embed, index, query, dedup, eval, list, serve, export,
+compare, sweep, plot); the options and checks they share in `options`; this module assembles
+the Typer app and its entry point."""
 
 from __future__ import annotations
 
@@ -16,7 +16,19 @@ import typer
 from typer.core import TyperGroup
 
 from pactl import __version__
-from pactl.cli import dedup, download, embed, index, query, serve, train
+from pactl.cli import (
+    compare,
+    dedup,
+    download,
+    embed,
+    export,
+    index,
+    plot,
+    query,
+    serve,
+    sweep,
+    train,
+)
 from pactl.cli import eval as eval_verb
 from pactl.cli import list as list_verb
 from pactl.cli.options import to_stdout
@@ -109,6 +121,16 @@ app.command("eval", short_help="Recall@K, MAP@R, R-precision and NMI of a networ
 )
 app.command("list", short_help="List backbones, presets, losses or datasets.")(list_verb.list_)
 app.command(short_help="Answer queries over HTTP: a JSON API and a web page.")(serve.serve)
+app.command(short_help="A checkpoint as ONNX, vectors as Parquet, a bundle into Qdrant.")(
+    export.export
+)
+app.command(short_help="Runs side by side: seeds as mean +- std, the Recall@1 curves.")(
+    compare.compare
+)
+app.command(short_help="A grid or search of training runs on Optuna, resumable.")(sweep.sweep)
+app.command(short_help="A run's test embeddings by t-SNE and its retrievals, as pictures.")(
+    plot.plot
+)
 
 
 def main() -> None:
@@ -127,3 +149,11 @@ def main() -> None:
     except BrokenPipeError:
         sys.stderr.close()  # the reader went away (`| head`): nothing more to say
         sys.exit(0)
+    except Exception as e:
+        from pactl.deps import broken_import
+
+        broken = broken_import(e)
+        if broken is None:
+            raise
+        err.print(literal(f"error: {broken}"))
+        sys.exit(1)

@@ -71,6 +71,14 @@ def embed(
             "GPU cannot read, go through PIL as usual.",
         ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace the vectors in --out when another network made them (without it, "
+            "refused before any work).",
+        ),
+    ] = False,
     follow_links: FollowLinks = False,
     quiet: Quiet = False,
 ) -> None:
@@ -113,6 +121,7 @@ def embed(
             follow_links=follow_links,
             commit_every=commit_every,
             gpu_decode=gpu_decode,
+            overwrite=overwrite,
         )
     fresh = f", {meta['embedded']:,} embedded now" if "embedded" in meta else ""
     with to_stdout():

@@ -118,14 +118,19 @@ def eval_(
     check_new_file(report, overwrite)  # after the usage errors: a wrong option is named first
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     log = reporter(quiet)
-    metrics = eval_checkpoint(
+    metrics, network = eval_checkpoint(
         source, model_from, k_list or (1, 2, 4, 8), device, workers, log, follow_links
     )
     with writing(report):
         write_report(report, source, model_from, metrics)
+    from pactl.research.published import SOURCES, published_cells, published_for
+
+    found = published_for(source, network.backbone, network.embedding_dim, network.image_size)
+    for p in dict.fromkeys(p.source for p in found):
+        log.log(f"published ({p}): {SOURCES[p]}")
     with to_stdout():
         for key, value in metrics.items():
-            out.print(f"{key:12s} {value:.4f}")
+            out.print("  ".join([f"{key:12s} {value:.4f}", *published_cells(key, found)]))
     log.log(f"wrote {report}")
 
 
@@ -172,14 +177,9 @@ def default_report(checkpoint: Path | None) -> Path:
 def write_report(
     path: Path, source: str, model_from: Path | ModelConfig, metrics: dict[str, float]
 ) -> None:
-    import csv
-    import io
-
     from pactl.fsutil import atomic_write_text
+    from pactl.output import csv_text
 
     what = str(model_from) if isinstance(model_from, Path) else describe_backbone(model_from)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["dataset", "checkpoint", *metrics])
-    writer.writerow([source, what, *(f"{v:.6g}" for v in metrics.values())])
-    atomic_write_text(path, buffer.getvalue())
+    row = [source, what, *(f"{v:.6g}" for v in metrics.values())]
+    atomic_write_text(path, csv_text(["dataset", "checkpoint", *metrics], [row]))

@@ -94,6 +94,14 @@ def index(
             "--compact", help="Remove the deleted items from the bundle SOURCE's index for real."
         ),
     ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Check the bundle SOURCE's files against the checksums its meta.json records "
+            "(every byte read); exit 1 naming a damaged file.",
+        ),
+    ] = False,
     overwrite: Annotated[
         bool,
         typer.Option(
@@ -124,7 +132,9 @@ def index(
 ) -> None:
     """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
 
-    An embed folder with shards/ (from `pactl embed --shard i/n`) is merged in shard order.
+    An embed folder with shards/ (from `pactl embed --shard i/n`) is merged in shard order;
+    so are the shards of the Parquet layout (embeddings/*.npy beside metadata/*.parquet, from
+    `pactl export --to parquet` or clip-retrieval).
 
     With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
 
@@ -137,6 +147,7 @@ def index(
     \b
       pactl index                          # right after `pactl train NAME`
       pactl index vectors/ --out my_index/
+      pactl index vectors-parquet/ --out my_index/    # the clip-retrieval layout
       pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
       pactl index photos/ --backbone resnet50 --out baseline/   # no training
       pactl index vectors/ --on-disk yes --factory IVF4096,Flat
@@ -144,6 +155,7 @@ def index(
       pactl index my_index/ --delete 42 --delete photos/old.jpg
       find gone/ -name '*.jpg' | pactl index my_index/ --delete -
       pactl index my_index/ --compact      # drop deleted items from the index
+      pactl index --verify my_index/       # check every file's checksum
     """
     from pactl import pipeline
 
@@ -154,15 +166,19 @@ def index(
         check_output(out_dir, "--out", folder=True)
     if source is not None:
         check_source(source)
+    if verify:
+        return verify_only(source, bool(delete or compact or add), log)
     if delete or compact:
         return keep_bundle(source, delete or [], compact, add, log)
     if add is not None:
-        return add_to(source, add, split, device, log, follow_links)
+        if backbone is not None:
+            raise UsageError("--add embeds with the bundle's own network: drop --backbone")
+        return add_to(source, add, split, device, log, follow_links, checkpoint)
     if source is None:
         bundle, meta = pipeline.index_latest_run(
             runs_dir(), config, device, log, follow_links, overwrite=overwrite
         )
-    elif (Path(source) / "vectors.npy").is_file() or (Path(source) / "shards").is_dir():
+    elif is_vectors_folder(Path(source)):
         images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint is not None}
         images_only |= {"--backbone": backbone is not None, "--split": split is not None}
         refuse_image_options(source, images_only)
@@ -192,6 +208,13 @@ def index(
     with to_stdout():
         factory = meta.get("factory", "?")
         out.print(literal(f"indexed {counted(meta['count'], 'item')} ({factory}) in {bundle}"))
+
+
+def is_vectors_folder(path: Path) -> bool:
+    """An embed output folder (vectors.npy, or shards/), or vectors in the Parquet layout
+    (embeddings/ and metadata/, from `pactl export --to parquet` or clip-retrieval)."""
+    parquet = (path / "embeddings").is_dir() and (path / "metadata").is_dir()
+    return (path / "vectors.npy").is_file() or (path / "shards").is_dir() or parquet
 
 
 def index_config(
@@ -227,13 +250,17 @@ def add_to(
     device: str,
     log: Reporter,
     follow_links: bool,
+    checkpoint: Path | None = None,
 ) -> None:
-    """--add: embed `source` with the bundle's own network and add it, without a rebuild."""
+    """--add: embed `source` with the bundle's own network and add it, without a rebuild
+    (`checkpoint`: that network's file, where the recorded one moved; another is refused)."""
     from pactl import pipeline
 
     if source is None:
         raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
-    done = pipeline.add_to_index(source, add, split, device, log, follow_links=follow_links)
+    done = pipeline.add_to_index(
+        source, add, split, device, log, follow_links=follow_links, checkpoint=checkpoint
+    )
     replaced = done["replaced"]
     also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
     added = counted(done["added"], "item")
@@ -279,6 +306,27 @@ def keep_bundle(
     with to_stdout():
         for line in lines:
             out.print(literal(line))
+
+
+def verify_only(bundle: str | None, other_work: bool, log: Reporter) -> None:
+    """`pactl index --verify BUNDLE`: the bundle's files against their recorded checksums."""
+    from pactl.index import verify_bundle
+
+    if bundle is None:
+        raise UsageError("--verify needs the bundle: pactl index --verify BUNDLE")
+    if other_work:
+        raise UsageError("--verify goes alone: run --add, --delete or --compact apart from it")
+    checked = verify_bundle(Path(bundle), log)
+    if checked is None:
+        line = (
+            f"{bundle}: no checksums recorded (written by an older pactl): sizes, headers and "
+            "label codes checked; rebuild it with `pactl index` to record them"
+        )
+    else:
+        files = counted(len(checked.files), "file")
+        line = f"verified {bundle}: {files} ({checked.size:,} bytes) match their checksums"
+    with to_stdout():
+        out.print(literal(line))
 
 
 def check_apart(vectors: Path, bundle: Path) -> None:

@@ -111,6 +111,13 @@ class Sampler(str, Enum):
     m_per_class = "m_per_class"
 
 
+class Pooling(str, Enum):
+    avg_max = "avg+max"
+    avg = "avg"
+    max = "max"
+    token = "token"
+
+
 class Format(str, Enum):
     table = "table"
     csv = "csv"

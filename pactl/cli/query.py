@@ -28,6 +28,7 @@ from pactl.cli.options import (
 from pactl.config import (
     MAX_K,
     TRAIN_RULES,
+    QdrantConfig,
 )
 from pactl.console import Reporter, counted, err, literal, out
 from pactl.errors import PactlError, UsageError
@@ -110,6 +111,17 @@ def query(
         str | None,
         typer.Option(envvar="PACTL_TOKEN", help="With --server: the service's token."),
     ] = None,
+    qdrant: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL|PATH",
+            help="Search this Qdrant server or local-mode folder (`pactl export --to qdrant`) "
+            "instead of the bundle's index; the bundle's network embeds the queries.",
+        ),
+    ] = None,
+    collection: Annotated[
+        str, typer.Option(help="With --qdrant: the collection.")
+    ] = QdrantConfig.collection,
     quiet: Quiet = False,
 ) -> None:
     """Top-k most similar indexed images for each query image, on stdout.
@@ -127,6 +139,7 @@ def query(
       pactl query queries/ --k 5 --grid hits.png
       pactl query img.png --server http://127.0.0.1:8000
       pactl query new.jpg --same-item --k 10   # already indexed?
+      pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
     """
     from pactl import pipeline
     from pactl.output import HitWriter
@@ -135,7 +148,11 @@ def query(
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid, overwrite)
     check_query_format(images, fmt, paths_only, null, same_item, threshold)
+    if qdrant is None and collection != QdrantConfig.collection:
+        raise UsageError("--collection goes with --qdrant")
     if server is not None:
+        if qdrant is not None:
+            raise UsageError("--server searches the service's bundle: drop --qdrant")
         local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
         given = [name for name, value in local.items() if value is not None]
         given += ["--device"] if device != "auto" else []
@@ -173,6 +190,7 @@ def query(
         faiss_device=faiss_device.value,
         same_item=same_item,
         threshold=threshold,
+        qdrant=(qdrant, collection) if qdrant is not None else None,
     )
     skipped = answer_queries(chunks, writer, strict, pictured if grid is not None else None)
     if grid is not None:

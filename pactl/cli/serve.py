@@ -38,9 +38,25 @@ def serve(
             metavar="DIR", help="Folder whose images POST /query?path= may read (repeatable)."
         ),
     ] = None,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            help="Another name clients reach the service by, e.g. behind a proxy (repeatable); "
+            "a request naming any other Host is refused.",
+        ),
+    ] = None,
     upload_dir: Annotated[
         Path | None, typer.Option(help="Where POST /add keeps images (default: BUNDLE/uploads).")
     ] = None,
+    client_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            max=3600,
+            help="Seconds a client may take to send its request headers, and each part of a body.",
+        ),
+    ] = 10.0,
     max_upload_mb: Annotated[
         float, typer.Option(min=0.001, max=4096, help="Largest request body, in MiB.")
     ] = 20.0,
@@ -66,7 +82,7 @@ def serve(
       pactl serve                                     # the latest run's index
       pactl serve runs/demo/index                     # http://127.0.0.1:8000/
       pactl serve index --allow-root /data/photos
-      PACTL_TOKEN=... pactl serve index --host 0.0.0.0
+      PACTL_TOKEN=... pactl serve index --host 0.0.0.0 --allow-host search.example.org
     """
     import importlib.util
 
@@ -74,7 +90,7 @@ def serve(
     missing = [pkg for module, pkg in needed.items() if importlib.util.find_spec(module) is None]
     if missing:
         raise PactlError(f"pactl serve needs {', '.join(missing)}: pip install 'pactl[serve]'")
-    from pactl.index import check_folder
+    from pactl.index import check_folder, verify_bundle
     from pactl.pipeline import find_bundle
     from pactl.serve.config import ServeConfig
     from pactl.serve.server import serve as run_service
@@ -85,6 +101,8 @@ def serve(
         bundle = find_bundle(runs_dir(), "name the bundle folder: pactl serve BUNDLE")
         log.log(f"using index {bundle}")
     check_folder(bundle)
+    if verify_bundle(bundle, log) is None:  # damage found now, not as wrong answers later
+        log.log(f"{bundle}: no checksums recorded (an older pactl's bundle): sizes checked")
     config = ServeConfig(
         bundle=bundle,
         host=host,
@@ -93,7 +111,9 @@ def serve(
         device=device,
         faiss_device=faiss_device.value,
         allow_roots=tuple(allow_root or ()),
+        allow_hosts=tuple(allow_host or ()),
         upload_dir=upload_dir,
+        client_timeout_s=client_timeout,
         max_upload_bytes=int(max_upload_mb * 1024 * 1024),
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,

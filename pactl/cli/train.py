@@ -16,6 +16,7 @@ from pactl.cli.options import (
     Amp,
     Augment,
     Loss,
+    Pooling,
     Quiet,
     Sampler,
     check_option,
@@ -66,6 +67,13 @@ def train(
     dim: Annotated[int | None, typer.Option(help="Embedding size.")] = None,
     image_size: Annotated[int | None, typer.Option(help="Crop size the network sees.")] = None,
     resize_size: Annotated[int | None, typer.Option(help="Test-time resize before crop.")] = None,
+    pooling: Annotated[
+        Pooling | None,
+        typer.Option(
+            help="Feature pooling: avg+max (summed, the official head; the default), avg, max, "
+            "token (a timm transformer's class token)."
+        ),
+    ] = None,
     epochs: Annotated[int | None, typer.Option(min=1, help="Epochs to train.")] = None,
     batch_size: Annotated[
         int | None, typer.Option(min=2, help="Global batch size (2 at least: pairs to compare).")
@@ -129,6 +137,13 @@ def train(
             help="Same-item precision best.pt's calibrated cosine threshold reaches (0.99).",
         ),
     ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="Train once per seed (0,1,2 or 0-4) into runs/<name>-s<seed>; prints and writes "
+            "runs/<name>-seeds.csv: each metric's mean and std."
+        ),
+    ] = None,
     workers: Annotated[int | None, typer.Option(min=0, help="DataLoader workers.")] = None,
     device: Annotated[
         str | None, typer.Option(help="auto | cpu | cuda | cuda:N (default: auto).")
@@ -151,6 +166,14 @@ def train(
             "--follow-links",
             help="Follow links that lead out of the folder or the CSV's folder (default: "
             "skipped / refused). Kept for --resume.",
+        ),
+    ] = None,
+    tensorboard: Annotated[
+        bool | None,
+        typer.Option(
+            "--tensorboard",
+            help="Log loss, lr and the metrics per epoch to runs/<run>/tensorboard (needs "
+            "pip install 'pactl[tensorboard]').",
         ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Run folder name under runs/.")] = None,
@@ -193,6 +216,7 @@ def train(
         source = checked_source(source, preset)
         chosen = preset_for(source, preset, device_type(device))
         model_cfg = model_settings(chosen, backbone, weights, dim, image_size, resize_size)
+        model_cfg = override(model_cfg, pooling=_value(pooling))
         cfg = override(
             chosen.train,
             epochs=epochs,
@@ -220,11 +244,17 @@ def train(
             compile=compile_,
             val_classes=val_classes,
             follow_links=follow_links,
+            tensorboard=tensorboard,
         )
         model_cfg, cfg, why = settled(chosen, model_cfg, cfg, given)
         run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
     if print_config:
         show_config(source, model_cfg, cfg, why)
+        return
+    if seeds is not None:
+        if seed is not None:
+            raise UsageError("give --seed or --seeds, not both")
+        train_seeds(source, model_cfg, cfg, run, seeds, log, overwrite)
         return
     show_result(run_fit(source, model_cfg, cfg, run, log, bool(resume), overwrite))
 
@@ -369,7 +399,39 @@ RESUME_REFUSES = {
     "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss", "warmup_epochs",
     "lr_decay_step", "lr_decay_gamma", "freeze_bn", "sync_bn", "val_classes", "augment",
     "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links", "name",
+    "pooling", "seeds", "tensorboard",
 }  # fmt: skip
+
+
+def train_seeds(
+    source: str,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    run: Path,
+    seeds: str,
+    log: Reporter,
+    overwrite: bool,
+) -> None:
+    """--seeds: the recipe once per seed into sibling run folders, then mean +- std."""
+    from pactl.datasets import load_source
+    from pactl.research.seeds import parse_seeds, seed_run_name, shown
+    from pactl.research.seeds import train_seeds as run_seeds
+
+    chosen = parse_seeds(seeds)
+    for s in chosen:
+        check_output(run.parent / seed_run_name(run.name, s), "run folder", folder=True)
+    manifest = load_source(source, log, follow_links=cfg.follow_links)
+    with on_interrupt(lambda: "finished seeds are kept; start the rest with --seeds"):
+        result = run_seeds(
+            source, manifest, model_cfg, cfg, run.parent, run.name, chosen, log, overwrite
+        )
+    with to_stdout():
+        for path in result.runs:
+            out.print(literal(f"run: {path}"))
+        out.print(literal(f"best epochs over {len(chosen)} seeds (mean ± std):"))
+        for line in shown(result.best):
+            out.print(literal(f"  {line}"))
+    log.log(f"wrote {result.summary}")
 
 
 def _resume_hint(run: Path, created: bool) -> str:

@@ -27,6 +27,7 @@ from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.files import KINDS
 from pactl.fsutil import atomic_write_text
+from pactl.output import csv_text, unescape_cell
 from pactl.paths import pactl_home
 
 SPLITS = ("train", "val", "test", "query", "gallery")
@@ -80,11 +81,7 @@ class Manifest:
 
 def write_manifest(path: Path, rows: Iterable[tuple[str, int, str, str]]) -> None:
     """Write `(path, label, split, class_name)` rows atomically."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["path", "label", "split", "class_name"])
-    writer.writerows(rows)
-    atomic_write_text(path, buffer.getvalue())
+    atomic_write_text(path, csv_text(["path", "label", "split", "class_name"], rows))
 
 
 def read_manifest(path: Path, *, follow_links: bool = False, splits: bool = True) -> Manifest:
@@ -102,7 +99,9 @@ def read_manifest(path: Path, *, follow_links: bool = False, splits: bool = True
     try:
         reader = csv.DictReader(io.StringIO(text, newline=""))
         fields = [c.strip() for c in reader.fieldnames or []]
-        records = [{k.strip(): (v or "").strip() for k, v in r.items() if k} for r in reader]
+        records = [
+            {k.strip(): unescape_cell((v or "").strip()) for k, v in r.items() if k} for r in reader
+        ]
     except csv.Error as e:
         raise PactlError(f"cannot read {path}: {e}") from None
     missing = [c for c in ("path", "label") if c not in fields]

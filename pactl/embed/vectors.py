@@ -157,6 +157,24 @@ def plan(
     return Plan(ids, reuse)
 
 
+def check_other_network(
+    out_dir: Path, fingerprint: str, replace_other: bool, reporter: Reporter
+) -> None:
+    """Vectors of another network in `out_dir`: refused, or with `replace_other` a line saying
+    that every image is embedded again."""
+    other = other_network(out_dir, fingerprint)
+    if other and not replace_other:
+        raise PactlError(
+            f"the vectors in {out_dir} come from another network (fingerprint {other[:12]}, "
+            f"this one's {fingerprint[:12]}): give --overwrite to replace them, or another --out"
+        )
+    if other:
+        reporter.log(
+            f"the vectors in {out_dir} come from another network (fingerprint {other[:12]}):"
+            " embedding every image again"
+        )
+
+
 def embed_to_folder(
     model: nn.Module,
     network: Network,
@@ -172,10 +190,12 @@ def embed_to_folder(
     scratch: bool = False,
     commit_every: int = COMMIT_EVERY,
     gpu_decode: bool = False,
+    replace_other: bool = False,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
     one new generation of `out_dir` (pactl.fsutil): a kill leaves the old output or the new.
-    `scratch`: a private folder, without the visible links.
+    `scratch`: a private folder, without the visible links. Vectors of another network already
+    in `out_dir` are refused before any work, unless `replace_other` (`embed --overwrite`).
 
     Run again into the same folder with the same model, only new or changed files are embedded.
     Progress is committed every `commit_every` images (Progress): after a kill, the same command
@@ -186,12 +206,8 @@ def embed_to_folder(
     meta: dict[str, Any] | None = None
     with new_generation(out_dir, VECTORS_FILES, links=not scratch) as gen:
         previous = read_previous(out_dir, network.fingerprint)
-        other = other_network(out_dir, network.fingerprint) if previous is None else None
-        if other:
-            reporter.log(
-                f"the vectors in {out_dir} come from another network (fingerprint {other[:12]}):"
-                " embedding every image again"
-            )
+        if previous is None:
+            check_other_network(out_dir, network.fingerprint, replace_other, reporter)
         job = plan(files, ids, stats, previous)
         todo = np.flatnonzero(job.reuse < 0)
         if previous is not None and not len(todo) and len(previous.rows) == len(files):

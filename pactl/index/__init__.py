@@ -60,6 +60,7 @@ from pactl.index.ondisk import (
     empty_like,
     wants_on_disk,
 )
+from pactl.index.verify import verify_bundle
 
 __all__ = [
     "BUNDLE_FILES",
@@ -98,6 +99,7 @@ __all__ = [
     "recall_at_k",
     "save_bundle",
     "tune",
+    "verify_bundle",
     "wants_on_disk",
     "write_bundle",
 ]

@@ -17,7 +17,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from pactl import __version__, records
+from pactl import __version__, checksums, records
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.fsutil import (
@@ -172,10 +172,12 @@ def _write_meta(
     metric: str,
     items: ItemTable,
     deleted: np.ndarray | None,
+    known: dict[str, str] | None = None,
 ) -> None:
     """deleted.npy (when there are tombstones) and meta.json, whose "count" is the live items
-    and "deleted" the tombstones (the index holds both), and the sizes of the index files
-    already in `gen` (index.ivfdata, if there, makes it an on-disk bundle)."""
+    and "deleted" the tombstones (the index holds both), the sizes of the index files already
+    in `gen` (index.ivfdata, if there, makes it an on-disk bundle) and every file's checksum
+    (`known`: those of files linked unchanged from the current generation)."""
     dead = np.unique(np.asarray(deleted if deleted is not None else (), dtype=np.int64))
     if len(dead) and (items.positions(dead) < 0).any():
         raise PactlError(f"deleted id {int(dead[items.positions(dead) < 0][0])} is not an item")
@@ -195,9 +197,10 @@ def _write_meta(
     }
     version = TOMBSTONES_VERSION if len(dead) else 1  # older pactl still reads the rest
     header = {"format": BUNDLE_FORMAT, "version": version, "pactl_version": __version__}
-    mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files"}
+    mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files", "checksums"}
     rest = {k: v for k, v in meta.items() if k not in mine}
     full = record_files(gen, {**header, **rest, **derived})
+    full["checksums"] = checksums.record(gen, full["files"], known)
     (gen / META_FILE).write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
 
 
@@ -326,11 +329,16 @@ def delete_items(
             (reporter or QUIET).log("nothing to delete: those items were deleted already")
             return 0
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
-            for name in (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE, REMOVED_FILE):
+            kept = (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE, REMOVED_FILE)
+            for name in kept:
                 if (gen_now / name).is_file():
                     _link_or_copy(gen_now / name, gen / name)
             metric = meta.get("metric", "ip")
-            _write_meta(gen, meta, meta["dimension"], metric, items, np.union1d(dead, fresh))
+            dead = np.union1d(dead, fresh)
+            # the linked files' digests are the ones recorded for them, never of what they hold
+            # now: damage stays found
+            known = {n: d for n, d in (checksums.recorded(meta) or {}).items() if n in kept}
+            _write_meta(gen, meta, meta["dimension"], metric, items, dead, known)
         return len(fresh)  # the caller says it: `pactl index --delete` prints it as its result
 
 
@@ -719,6 +727,7 @@ def _read_meta(path: Path, gen: Path) -> dict[str, Any]:
     records.field(meta, "model_config", dict, where, optional=True)
     records.field(meta, "factory", str, where, optional=True)
     records.field(meta, "on_disk", bool, where, optional=True)
+    records.field(meta, "checksums", dict, where, optional=True)
     for key in ("index_bytes", "ivfdata_bytes"):
         records.field(meta, key, int, where, 0, 2**62, optional=True)
     params = records.field(meta, "search_params", str, where, optional=True)

@@ -24,6 +24,7 @@ from typing import IO, Any, overload
 import numpy as np
 
 from pactl.errors import PactlError
+from pactl.output import unescape_cell, write_rows
 from pactl.paths import NAME_ENCODING, NAME_ERRORS
 
 ITEMS_HEADER = ("id", "path", "label")
@@ -245,21 +246,18 @@ class ItemTable:
 
     def write(self, path: Path) -> None:
         """The `id,path,label,size,mtime_ns` CSV export."""
-        from pactl.output import csv_writer
-
-        with open(path, "w", newline="", encoding=ENCODING, errors=ERRORS) as f:
-            writer = csv_writer(f)
-            writer.writerow(ITEMS_HEADER + STAT_COLUMNS)
-            writer.writerows(
-                zip(
-                    self.ids.tolist(),
-                    self.paths,
-                    self.labels,
-                    self.sizes.tolist(),
-                    self.mtimes.tolist(),
-                    strict=True,
-                )
-            )
+        write_rows(
+            path,
+            ITEMS_HEADER + STAT_COLUMNS,
+            zip(
+                self.ids.tolist(),
+                self.paths,
+                self.labels,
+                self.sizes.tolist(),
+                self.mtimes.tolist(),
+                strict=True,
+            ),
+        )
 
     def save(self, path: Path) -> None:
         """Write the lean table (items.bin) that `open` maps."""
@@ -292,10 +290,18 @@ class ItemTable:
         for name in ("ids", "sizes", "mtimes", "path_ends", "label_codes", *counts):
             if len(column(name)) != counts.get(name, n):
                 raise PactlError(f"{path}: section {name} does not hold {n:,} rows: {FIX}")
+        for strings, what in ((paths, "path"), (names, "label")):
+            if len(strings) > 1 and (strings._ends[1:] < strings._ends[:-1]).any():
+                raise PactlError(f"{path} is damaged: its {what} offsets go backwards: {FIX}")
+        codes = column("label_codes")
+        if n and (int(codes.min()) < 0 or int(codes.max()) >= len(names)):
+            raise PactlError(
+                f"{path} is damaged: a label code is outside its {len(names):,} labels: {FIX}"
+            )
         return cls(
             column("ids"),
             paths,
-            Labels(column("label_codes"), names),
+            Labels(codes, names),
             column("sizes"),
             column("mtimes"),
             lookup=(identity, column("order"), column("sorted")),
@@ -485,9 +491,9 @@ def _parse_rows(reader: Any, path: Path, at: tuple[int, int]) -> ItemTable:
             add_mtime(int(row[at_mtime]) if at_mtime < n and row[at_mtime] else UNKNOWN)
         except ValueError:
             raise PactlError(f"{path}: {_bad_cell(row, at)}") from None
-        blob += row[1].encode(ENCODING, ERRORS)
+        blob += unescape_cell(row[1]).encode(ENCODING, ERRORS)  # CsvWriter's formula escape
         add_end(len(blob))
-        add_code(code_of(row[2] if n > 2 else "", len(seen)))
+        add_code(code_of(unescape_cell(row[2]) if n > 2 else "", len(seen)))
 
     def int64(values: array[int]) -> np.ndarray:
         return np.frombuffer(values, dtype=np.int64) if values else np.empty(0, np.int64)

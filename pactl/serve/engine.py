@@ -71,6 +71,11 @@ class Job:
     decoded: Any = None  # the files as embed.decode_files gives them, decoded before batching
     min_score: float | None = None  # same_item: hits below this cosine are left out
 
+    def add(self, file: Path, name: str, own: int | str | None) -> None:
+        self.files.append(file)
+        self.names.append(name)
+        self.own.append(own)
+
 
 @dataclass
 class Answer:

@@ -4,6 +4,9 @@
 
 const state = { token: sessionStorage.getItem("pactl-token") || "", urls: [] };
 const $ = (id) => document.getElementById(id);
+// This process's secret, in the page only: a write from a browser carries it, so a page of
+// another site (which cannot read this one) cannot write.
+const pageSecret = document.querySelector('meta[name="pactl-page"]').content;
 
 if (location.hash.startsWith("#token=")) {
   state.token = decodeURIComponent(location.hash.slice(7));
@@ -12,7 +15,9 @@ if (location.hash.startsWith("#token=")) {
 }
 
 function authHeaders() {
-  return state.token ? { Authorization: "Bearer " + state.token } : {};
+  const headers = { "X-Pactl-Page": pageSecret };
+  if (state.token) headers.Authorization = "Bearer " + state.token;
+  return headers;
 }
 
 async function call(path, options = {}) {

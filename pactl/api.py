@@ -1,0 +1,327 @@
+"""pactl from Python: open a bundle and query it, add and delete its items, embed a folder,
+build a bundle, load a checkpoint as a torch module.
+
+Every call here is the library call a `pactl` verb makes (pactl.pipeline, pactl.index), with
+the same files, locks and generations: an Index's add and delete take the bundle's writer lock
+and switch one generation, as `pactl index --add/--delete` do, and its queries of image files
+embed and search by the loop `pactl query` runs, so both give the same answers. Nothing is
+printed unless `progress=True` (progress and messages on stderr, as the CLI shows them).
+
+    import pactl
+    index = pactl.open_index("runs/demo/index")
+    for hit in index.query("photo.jpg", k=4)[0]:
+        print(hit.rank, hit.path, hit.label, hit.score)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pactl.config import IndexConfig, ModelConfig
+from pactl.console import QUIET, Reporter
+from pactl.errors import PactlError
+from pactl.index.search import Hit
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+    from pactl.index import Bundle, ItemTable
+
+    # A query: an image file's path, a PIL image, or a tensor of one image (3, S, S) or a
+    # batch (B, 3, S, S) already preprocessed as Index.preprocess does.
+    Query = str | Path | Image.Image | torch.Tensor
+
+__all__ = [
+    "Hit",
+    "Index",
+    "Vectors",
+    "build_index",
+    "embed_folder",
+    "load_model",
+    "open_index",
+    "read_vectors",
+]
+
+
+def _reporter(progress: bool) -> Reporter:
+    return Reporter() if progress else QUIET
+
+
+def _model_source(model: str | Path | ModelConfig) -> Path | ModelConfig:
+    """A checkpoint's path, or a backbone's ModelConfig (embedding_dim 0: its pooled features),
+    checked as `--checkpoint` and `--backbone` are."""
+    if isinstance(model, ModelConfig):
+        from pactl.model import check_model_config
+
+        check_model_config(model, trained=False)
+        return model
+    path = Path(model)
+    if not path.is_file():
+        raise PactlError(f"checkpoint {path} not found")
+    return path
+
+
+class Index:
+    """An open bundle and the network that made it (opened once; queries reuse both).
+
+    Use open_index(). `bundle` is the pactl.index.Bundle as loaded; add, delete and compact
+    write a new generation of the folder and load it again.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        checkpoint: str | Path | None = None,
+        device: str = "auto",
+        faiss_device: str = "auto",
+        progress: bool = False,
+    ) -> None:
+        from pactl.pipeline import open_query_model
+
+        self.path = Path(path)
+        self.device_name, self.faiss_device = device, faiss_device
+        self.reporter = _reporter(progress)
+        ckpt = Path(checkpoint) if checkpoint is not None else None
+        self.bundle: Bundle
+        self.bundle, self.model, self.model_config, self.device = open_query_model(
+            self.path, ckpt, device, faiss_device
+        )
+        self._transform: Any = None
+
+    def __len__(self) -> int:
+        """The live (not deleted) items."""
+        return self.bundle.live_count
+
+    def __repr__(self) -> str:
+        return f"Index({str(self.path)!r}, {len(self)} items, dimension {self.dimension})"
+
+    @property
+    def dimension(self) -> int:
+        return int(self.bundle.index.d)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The bundle's meta.json."""
+        return self.bundle.meta
+
+    def query(
+        self, images: Query | Sequence[Query], k: int = 4, exclude_self: bool = False
+    ) -> list[list[Hit]]:
+        """The top-k hits of each query image, best first, one list per image in input order
+        (a (B, 3, S, S) tensor counts B images). `exclude_self`: a query that is itself an
+        indexed file (by path) is left out of its own hits, as `pactl query --exclude-self`
+        does. An image file that cannot be read is a PactlError naming it."""
+        queries = _as_list(images)
+        is_file = [isinstance(q, str | Path) for q in queries]
+        files = [i for i, named in enumerate(is_file) if named]
+        pictures = [i for i, named in enumerate(is_file) if not named]
+        out: list[list[Hit]] = [[] for _ in queries]
+        found = self._query_files([Path(queries[i]) for i in files], k, exclude_self)
+        for i, row in zip(files, found, strict=True):
+            out[i] = row
+        if pictures:
+            vectors = self.vectors_of([queries[i] for i in pictures])
+            names = [_name_of(queries[i], i) for i in pictures]
+            for i, row in zip(pictures, self.search(vectors, k, names), strict=True):
+                out[i] = row
+        return out
+
+    def _query_files(self, files: list[Path], k: int, exclude_self: bool) -> list[list[Hit]]:
+        from pactl.pipeline import answer_chunks
+
+        rows: list[list[Hit]] = []
+        opened = (self.bundle, self.model, self.model_config, self.device)
+        for chunk in answer_chunks(*opened, files, k, exclude_self, self.reporter):
+            if chunk.failed:
+                name, reason = chunk.failed[0]
+                raise PactlError(f"unreadable query image {name}: {reason}")
+            rows += chunk.hits
+        return rows
+
+    def search(
+        self, vectors: np.ndarray, k: int = 4, names: Sequence[str] | None = None
+    ) -> list[list[Hit]]:
+        """The top-k hits of each row of `vectors` ((N, dimension) float32, unit rows, from this
+        bundle's network); `names` become the hits' `query` (default: the row numbers)."""
+        from pactl.index.search import hits, search
+
+        x = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+        labels = list(names) if names is not None else [str(i) for i in range(len(x))]
+        scores, ids = search(self.bundle, x, k)
+        return hits(self.bundle, labels, scores, ids)
+
+    def vectors_of(self, images: Sequence[Any]) -> np.ndarray:
+        """The unit vectors of PIL images or preprocessed tensors, one forward pass, as
+        `pactl serve` embeds a request's images: (N, dimension) float32."""
+        import torch
+
+        from pactl.embed import embed_decoded
+
+        batch = [self.preprocess(q) if not isinstance(q, torch.Tensor) else q for q in images]
+        stacked = torch.cat([t if t.dim() == 4 else t.unsqueeze(0) for t in batch])
+        side = self.model_config.image_size
+        if stacked.dim() != 4 or tuple(stacked.shape[1:]) != (3, side, side):
+            raise PactlError(
+                f"query tensors must be (3, {side}, {side}) or (B, 3, {side}, {side}) as "
+                f"Index.preprocess makes them, not {tuple(stacked.shape)}"
+            )
+        return embed_decoded(self.model, stacked.float(), self.model_config, self.device)
+
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        """A PIL image as the network takes it: upright 8-bit RGB (transparency on white),
+        resized, centre-cropped and normalised as the bundle's model_config says: (3, S, S)."""
+        from pactl.images import build_transform, to_rgb
+
+        if self._transform is None:
+            cfg = self.model_config
+            assert cfg.mean is not None and cfg.std is not None
+            self._transform = build_transform(
+                cfg.image_size,
+                cfg.resize_size or cfg.image_size,
+                cfg.mean,
+                cfg.std,
+                train=False,
+                interpolation=cfg.interpolation or "bilinear",
+            )
+        return self._transform(to_rgb(image))
+
+    def add(self, source: str | Path, split: str | None = None, workers: int = 0) -> dict[str, int]:
+        """`pactl index SOURCE --add BUNDLE`: embed the images of `source` the bundle lacks (or
+        holds from before their file changed) and append them, under the bundle's writer lock,
+        in one new generation. Returns {"added", "replaced", "count"}."""
+        from pactl.pipeline import add_to_index
+
+        done = add_to_index(str(source), self.path, split, self.device_name, self.reporter, workers)
+        self.reload()
+        return {key: int(value) for key, value in done.items()}
+
+    def delete(self, ids: Sequence[int] = (), paths: Sequence[str | Path] = ()) -> int:
+        """`pactl index BUNDLE --delete`: items deleted by id or path (searches skip them at
+        once); returns how many were not deleted already."""
+        from pactl.index import delete_items
+
+        named = [str(p) for p in paths]
+        done = delete_items(self.path, [int(i) for i in ids], named, self.reporter)
+        self.reload()
+        return done
+
+    def compact(self) -> dict[str, int]:
+        """`pactl index BUNDLE --compact`: deleted items removed from the index for good."""
+        from pactl.index import compact_bundle
+
+        done = compact_bundle(self.path, self.reporter)
+        self.reload()
+        return {key: int(value) for key, value in done.items() if isinstance(value, int)}
+
+    def reload(self) -> None:
+        """Load the bundle's current generation (another process may have written one)."""
+        from pactl.index import load_bundle
+
+        self.bundle = load_bundle(self.path, faiss_device=self.faiss_device)
+
+
+def _as_list(images: Any) -> list[Any]:
+    """One query or a sequence of them as a list, a (B, 3, S, S) tensor as its B images."""
+    one = isinstance(images, str | Path) or not isinstance(images, Sequence)
+    out = []
+    for query in [images] if one else images:
+        batch = getattr(query, "dim", None) is not None and query.dim() == 4
+        out += list(query) if batch else [query]
+    return out
+
+
+def _name_of(query: Any, position: int) -> str:
+    """A hit's `query` for an image given in memory: its file name when PIL knows one."""
+    name = getattr(query, "filename", "")
+    return str(name) if name else f"<image {position}>"
+
+
+def open_index(
+    path: str | Path,
+    checkpoint: str | Path | None = None,
+    device: str = "auto",
+    faiss_device: str = "auto",
+    progress: bool = False,
+) -> Index:
+    """Open a bundle (`pactl index`'s output) and its network, as `pactl query --index` does:
+    the checkpoint recorded in the bundle unless `checkpoint` is given, refused when its
+    weights are not the ones that made the bundle."""
+    return Index(path, checkpoint, device, faiss_device, progress)
+
+
+@dataclass(frozen=True)
+class Vectors:
+    """An embed output folder read back (its shards joined in shard order)."""
+
+    vectors: np.ndarray  # (N, D) float32 unit rows; memory-mapped for an unsharded folder
+    items: ItemTable  # ids, paths, labels, sizes, mtimes: row i describes vectors[i]
+    meta: dict[str, Any]  # meta.json
+
+
+def embed_folder(
+    source: str | Path,
+    model: str | Path | ModelConfig,
+    out: str | Path = "vectors",
+    split: str | None = None,
+    device: str = "auto",
+    batch_size: int = 128,
+    workers: int = 0,
+    progress: bool = False,
+) -> Vectors:
+    """`pactl embed SOURCE --checkpoint MODEL --out OUT`: a folder of images (class
+    sub-folders give labels), a dataset name or a CSV into the vectors folder `out`; a second
+    run embeds only new or changed files. `model` is a checkpoint (best.pt) or a backbone's
+    ModelConfig (the pooled features of its published weights, no training)."""
+    from pactl.pipeline import embed_source
+
+    reporter = _reporter(progress)
+    embed_source(
+        str(source), _model_source(model), Path(out), split, device, reporter, batch_size, workers
+    )
+    return read_vectors(out)
+
+
+def read_vectors(folder: str | Path) -> Vectors:
+    """The vectors, items and meta of an embed output folder (`pactl embed --out`)."""
+    from pactl.pipeline import gather_vectors
+
+    return Vectors(*gather_vectors(Path(folder)))
+
+
+def build_index(
+    vectors: str | Path,
+    out: str | Path | None = None,
+    factory: str | None = None,
+    target_recall: float = 0.95,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> Path:
+    """`pactl index VECTORS --out OUT`: a bundle from an embed output folder; returns its
+    folder (default: runs/<run>/index beside the checkpoint, else ./index)."""
+    from pactl.config import check
+    from pactl.pipeline import index_vectors
+
+    config = IndexConfig(factory=factory, target_recall=target_recall)
+    check(config, lambda field: field, PactlError)
+    bundle, _ = index_vectors(
+        Path(vectors), Path(out) if out is not None else None, config, _reporter(progress),
+        overwrite=overwrite,
+    )  # fmt: skip
+    return bundle
+
+
+def load_model(checkpoint: str | Path) -> torch.nn.Module:
+    """A checkpoint (best.pt or checkpoint.pt) as a torch.nn.Module in eval mode on the CPU:
+    (B, 3, S, S) images preprocessed as its model_config says -> (B, D) unit vectors. The
+    module's `pactl_config` is that ModelConfig."""
+    from pactl.checkpoint import load_model as load
+
+    module, config, _ = load(Path(checkpoint))
+    module.pactl_config = config  # type: ignore[assignment]
+    return module

@@ -1,0 +1,64 @@
+"""`pactl compare`: runs side by side (seeds as mean +- std) and the paper's Figure 1."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pactl.cli.options import check_output, to_stdout
+from pactl.console import err, literal
+
+
+class CompareFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    markdown = "markdown"
+    json = "json"
+
+
+def compare(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            exists=True, file_okay=False, help="Run folders, or folders of runs (runs/, a sweep)."
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            file_okay=False,
+            help="Folder for compare.csv, compare.md and compare.png (the Figure-1 plot).",
+        ),
+    ] = None,
+    fmt: Annotated[
+        CompareFormat, typer.Option("--format", help="How stdout shows the table.")
+    ] = CompareFormat.table,
+) -> None:
+    """One row per recipe: loss, backbone, the settings that differ, best and last Recall@K and
+    MAP@R on the test classes, the best epoch and the split that chose it, epochs and seconds.
+    Runs that differ only by seed are one row, mean ± std (sample std). A run still training
+    shows the epochs it has. For the four benchmarks, the published Recall@1 of the same
+    setting is beside it. --out adds the plot: Recall@1 against epochs and wall time, a line
+    per recipe and a band of ± one std over its seeds.
+
+    Examples:
+
+    \b
+      pactl compare runs/cub-pa-s0 runs/cub-pa-s1 runs/cub-nca
+      pactl compare runs/ --out study/ --format markdown
+    """
+    from pactl.research.compare import compare as compare_runs
+
+    if out is not None:
+        check_output(out, "--out", folder=True)
+    result = compare_runs(list(runs), fmt.value, out)
+    with to_stdout():
+        sys.stdout.write(result.text)
+        sys.stdout.flush()
+    for path in result.written:
+        err.print(literal(f"wrote {path}"))

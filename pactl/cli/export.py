@@ -1,0 +1,143 @@
+"""`pactl export`: a checkpoint as ONNX, vectors as Parquet, a bundle into Qdrant (the library
+side in pactl.pipeline: export_onnx, export_parquet, export_qdrant)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pactl.cli.options import Quiet, check_new_file, check_output, reporter, to_stdout
+from pactl.config import (
+    ONNX_MAX_OPSET,
+    ONNX_MIN_OPSET,
+    ONNX_OPSET,
+    OnnxConfig,
+    ParquetConfig,
+    QdrantConfig,
+)
+from pactl.console import counted, literal, out, quoted
+from pactl.errors import UsageError
+
+
+class Target(str, Enum):
+    onnx = "onnx"
+    parquet = "parquet"
+    qdrant = "qdrant"
+
+
+# option -> the --to it goes with: any other is refused rather than ignored
+ONLY_FOR = {
+    "--opset": Target.onnx,
+    "--overwrite": Target.onnx,
+    "--rows-per-shard": Target.parquet,
+    "--collection": Target.qdrant,
+    "--batch-size": Target.qdrant,
+}
+
+
+def export(
+    source: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            help="A checkpoint (--to onnx), a vectors folder (--to parquet), or a bundle or "
+            "vectors folder (--to qdrant).",
+        ),
+    ],
+    to: Annotated[Target, typer.Option("--to", "--format", help="What to write.")],
+    out_to: Annotated[
+        str,
+        typer.Option(
+            "--out",
+            help="onnx: the .onnx file; parquet: a folder; qdrant: a server's URL "
+            "(http://host:6333) or a folder for Qdrant's local mode.",
+        ),
+    ],
+    opset: Annotated[
+        int | None,
+        typer.Option(min=ONNX_MIN_OPSET, max=ONNX_MAX_OPSET, help="ONNX opset [default: 20]."),
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the .onnx file if it exists.")
+    ] = False,
+    rows_per_shard: Annotated[
+        int | None,
+        typer.Option(min=1, help="Vectors per .npy shard [default: 1,000,000]."),
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option(help="Qdrant collection [default: pactl].")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(min=1, max=65_536, help="Points per Qdrant upsert [default: 256].")
+    ] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Write pactl's files in other tools' formats.
+
+    --to onnx: the network of a checkpoint, for onnxruntime (dynamic batch axis; the
+    preprocessing, fingerprint and model_config in the file's metadata), kept only when
+    onnxruntime gives torch's vectors. --to parquet: a vectors folder in the clip-retrieval
+    layout (embeddings/*.npy, metadata/*.parquet), which `pactl index` reads back. --to qdrant:
+    a bundle's items as the points of a collection (id, path and label as payload), skipping
+    those already there, so an export stopped half-way goes on when run again.
+
+    Examples:
+
+    \b
+      pactl export runs/<run>/best.pt --to onnx --out model.onnx
+      pactl export vectors/ --to parquet --out vectors-parquet/
+      pactl index vectors-parquet/ --out my_index/
+      pactl export my_index/ --to qdrant --out http://127.0.0.1:6333
+      pactl export my_index/ --to qdrant --out qdrant-local/      # no server
+      pactl query img.png --index my_index/ --qdrant qdrant-local/
+    """
+    from pactl import pipeline
+
+    given = {"--opset": opset is not None, "--overwrite": overwrite}
+    given |= {"--rows-per-shard": rows_per_shard is not None, "--collection": bool(collection)}
+    given["--batch-size"] = batch_size is not None
+    for option in [name for name, value in given.items() if value and ONLY_FOR[name] != to]:
+        raise UsageError(f"{option} goes with --to {ONLY_FOR[option].value}, not --to {to.value}")
+    log = reporter(quiet)
+    if to is Target.onnx:
+        if not source.is_file():
+            raise UsageError(f"--to onnx exports a checkpoint file (best.pt); {source} is not one")
+        target = Path(out_to)
+        check_output(target, "--out", folder=False)
+        check_new_file(target, overwrite, "--out")
+        done: Any = pipeline.export_onnx(source, target, OnnxConfig(opset or ONNX_OPSET), log)
+        line = (
+            f"exported {source} to {target} (opset {done['opset']}, {done['image_size']} px "
+            f"-> {done['dimension']}-d; onnxruntime within {1 - done['worst_cosine']:.1e} "
+            "cosine of torch)"
+        )
+    elif to is Target.parquet:
+        folder = _folder_source(source, to)
+        check_output(Path(out_to), "--out", folder=True)
+        config = ParquetConfig(rows_per_shard or ParquetConfig.rows_per_shard)
+        done = pipeline.export_parquet(folder, Path(out_to), config, log)
+        line = (
+            f"wrote {counted(done['count'], 'vector')} ({done['dimension']}-d) to {out_to} in "
+            f"{counted(done['shards'], 'shard')}"
+        )
+    else:
+        folder = _folder_source(source, to)
+        config_q = QdrantConfig(collection or "pactl", batch_size or QdrantConfig.batch_size)
+        done = pipeline.export_qdrant(folder, out_to, config_q, log)
+        line = (
+            f"exported {counted(done['written'], 'item')} to Qdrant collection "
+            f"{quoted(config_q.collection)} at {out_to} ({done['skipped']:,} there already; "
+            f"{done['count']:,} in all)"
+        )
+    with to_stdout():
+        out.print(literal(line))
+
+
+def _folder_source(source: Path, to: Target) -> Path:
+    if not source.is_dir():
+        what = "a vectors folder" if to is Target.parquet else "a bundle or a vectors folder"
+        raise UsageError(f"--to {to.value} exports {what}; {source} is a file")
+    return source

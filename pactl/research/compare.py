@@ -1,0 +1,366 @@
+"""`pactl compare`: runs side by side, seeds of one recipe folded into mean +- std.
+
+Each run folder gives its config.json (what it trained) and metrics.csv (what it measured, one
+row per epoch, epoch 0 before training). The table has one row per recipe: runs whose configs
+differ only by seed (and by settings that do not change a recipe: device, workers) are one group,
+their metrics averaged with the sample standard deviation (n - 1) beside. A run still training
+(fewer rows than its epochs) is shown with the epochs it has; a run with no epoch yet has no
+numbers. The figure is the paper's Figure 1: Recall@1 against epochs and against wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pactl.errors import PactlError, UsageError
+from pactl.report import best_epoch, read_metrics, run_selection
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+# Settings that never make two runs different recipes (where or how fast they ran), and the seed,
+# which makes them repeats of one recipe.
+NOT_RECIPE = {
+    "train.device",
+    "train.workers",
+    "train.follow_links",
+    "train.channels_last",
+    "model.dimension",
+}
+SEED = "train.seed"
+SEED_SUFFIX = re.compile(r"-s\d+$")
+INSTALL = "pip install 'pactl[research]'"
+
+
+@dataclass
+class Run:
+    """One run folder as compare reads it."""
+
+    path: Path
+    dataset: str
+    settings: dict[str, Any]  # model.* and train.* from config.json
+    metrics: pd.DataFrame  # metrics.csv, numbers only (NaN where a cell is empty)
+    selection: str  # val | test | last: what chose best.pt
+    epochs_done: int = 0
+    best: int | None = None  # the epoch best.pt holds
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def status(self) -> str:
+        planned = int(self.settings.get("train.epochs", 0))
+        if not self.epochs_done and self.metrics.empty:
+            return "no epoch yet"
+        return "done" if self.epochs_done >= planned else f"{self.epochs_done}/{planned} epochs"
+
+
+@dataclass
+class Group:
+    """Runs of one recipe (differing only by seed)."""
+
+    runs: list[Run]
+    differs: dict[str, Any] = field(default_factory=dict)  # the settings that set it apart
+
+    @property
+    def name(self) -> str:
+        names = {SEED_SUFFIX.sub("", r.name) for r in self.runs}
+        return names.pop() if len(names) == 1 else self.runs[0].name
+
+
+def pandas() -> Any:
+    """pandas, or one line naming the extra that installs it."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise PactlError(f"pactl compare needs pandas: {INSTALL}") from None
+    return pd
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run folders (holding config.json); a folder of run folders (runs/, a sweep) adds each."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / "config.json").is_file():
+            found.append(path)
+            continue
+        inner = sorted(p.parent for p in path.glob("*/config.json")) if path.is_dir() else []
+        inner += sorted(p.parent for p in path.glob("*/*/config.json")) if path.is_dir() else []
+        if not inner:
+            raise UsageError(f"{path} is not a run folder (no config.json) and holds none")
+        found.extend(inner)
+    return list(dict.fromkeys(p.absolute() for p in found))
+
+
+def read_run(path: Path) -> Run:
+    """config.json and metrics.csv of one run; a missing or unreadable metrics.csv is a run
+    with no epoch yet, an unreadable config.json one line naming it."""
+    pd = pandas()
+    try:
+        info = json.loads((path / "config.json").read_bytes())
+        model, train = info["model_config"], info["train_config"]
+        dataset = str(info["dataset"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PactlError(f"{path / 'config.json'} is not a pactl run's config ({e})") from None
+    settings = {f"model.{k}": _plain(v) for k, v in model.items()}
+    settings |= {f"train.{k}": _plain(v) for k, v in train.items()}
+    rows = read_metrics(path / "metrics.csv") if (path / "metrics.csv").is_file() else []
+    frame = pd.DataFrame(rows)
+    selection = run_selection(path, set().union(*rows) if rows else set())
+    run = Run(path, dataset, settings, frame, selection)
+    if rows:
+        run.epochs_done = int(frame["epoch"].max())
+        run.best = best_epoch(rows, selection)
+    return run
+
+
+def _plain(value: Any) -> Any:
+    """A config value as one comparable, printable scalar (lists such as eval_ks as text)."""
+    return ",".join(str(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def group_runs(runs: list[Run]) -> list[Group]:
+    """Runs with the same dataset and settings but the seed, in the order first seen; each group
+    with the settings whose values differ between groups."""
+    groups: dict[str, Group] = {}
+    for run in runs:
+        key = json.dumps(
+            [run.dataset, {k: v for k, v in run.settings.items() if k not in {SEED, *NOT_RECIPE}}],
+            sort_keys=True,
+            default=str,
+        )
+        groups.setdefault(key, Group([])).runs.append(run)
+    found = list(groups.values())
+    names = sorted({k for g in found for k in g.runs[0].settings} - {SEED, *NOT_RECIPE})
+    shown = {"train.loss", "model.backbone"}  # columns of their own
+    varying = [
+        k
+        for k in names
+        if k not in shown and len({_key(g.runs[0].settings.get(k)) for g in found}) > 1
+    ]
+    for g in found:
+        g.differs = {k: g.runs[0].settings.get(k) for k in varying}
+    return found
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def run_numbers(run: Run, ks: list[int]) -> dict[str, float]:
+    """Best (the epoch best.pt holds) and last Recall@K and MAP@R on the test classes, the best
+    epoch, epochs done and seconds spent (every epoch's, epoch 0's evaluation included)."""
+    frame = run.metrics
+    numbers: dict[str, float] = {"epochs done": float(run.epochs_done)}
+    if frame.empty:
+        return numbers
+    last = frame.loc[frame["epoch"].idxmax()]
+    best = frame.loc[frame["epoch"] == run.best].iloc[0] if run.best is not None else None
+    for column in [f"recall@{k}" for k in ks] + ["map@r"]:
+        numbers[f"best {column}"] = _get(best, column) if best is not None else math.nan
+        numbers[f"last {column}"] = _get(last, column)
+    numbers["best epoch"] = float(run.best) if run.best is not None else math.nan
+    numbers["seconds"] = float(frame["seconds"].sum()) if "seconds" in frame else math.nan
+    return numbers
+
+
+def _get(row: Any, column: str) -> float:
+    value = row.get(column) if row is not None else None
+    return float(value) if value is not None and not _isnan(value) else math.nan
+
+
+def _isnan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def recall_ks(runs: list[Run]) -> list[int]:
+    """The K of every test recall@K column any run has, in order."""
+    ks = {
+        int(c.split("@")[1])
+        for r in runs
+        for c in r.metrics.columns
+        if c.startswith("recall@") and c.split("@")[1].isdigit()
+    }
+    return sorted(ks)
+
+
+def summary(groups: list[Group]) -> pd.DataFrame:
+    """One row per group: its name, runs, status, loss, backbone, differing settings, then
+    each number's mean and standard deviation over the group's runs (`<name> mean`,
+    `<name> std`; std is NaN for a group of one)."""
+    pd = pandas()
+    runs = [r for g in groups for r in g.runs]
+    ks = recall_ks(runs)
+    rows = []
+    for g in groups:
+        numbers = pd.DataFrame([run_numbers(r, ks) for r in g.runs])
+        row: dict[str, Any] = {
+            "run": g.name,
+            "runs": len(g.runs),
+            "seeds": ",".join(str(r.settings.get(SEED)) for r in g.runs),
+            "status": ", ".join(sorted({r.status for r in g.runs})),
+            "dataset": g.runs[0].dataset,
+            "loss": g.runs[0].settings.get("train.loss"),
+            "backbone": g.runs[0].settings.get("model.backbone"),
+            "chosen by": g.runs[0].selection,
+            **{k.split(".", 1)[1]: v for k, v in g.differs.items()},
+        }
+        for column in numbers.columns:
+            row[f"{column} mean"] = float(numbers[column].mean())
+            row[f"{column} std"] = float(numbers[column].std()) if len(numbers) > 1 else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+IDENTITY = ("run", "runs", "seeds", "status", "dataset", "loss", "backbone", "chosen by")
+
+
+def published_column(frame: pd.DataFrame, groups: list[Group]) -> list[str]:
+    """Per group, Kim et al.'s published Recall@1 for its dataset, backbone and sizes ('' when
+    they published none)."""
+    from pactl.research.published import published_cells, published_for
+
+    cells = []
+    for g in groups:
+        s = g.runs[0].settings
+        found = published_for(
+            g.runs[0].dataset,
+            str(s.get("model.backbone")),
+            int(s.get("model.embedding_dim") or 0),
+            int(s.get("model.image_size") or 0),
+        )
+        cells.append(" ".join(published_cells("recall@1", found)))
+    return cells
+
+
+def rendered(frame: pd.DataFrame, fmt: str) -> str:
+    """The summary as text: table (aligned columns), markdown, csv or json. csv and json keep
+    every mean and std as numbers; table and markdown show `mean ± std` in one cell."""
+    if fmt == "json":
+        records = json.loads(frame.to_json(orient="records"))
+        return json.dumps(records, indent=2) + "\n"
+    if fmt == "csv":
+        return str(frame.to_csv(index=False, float_format="%.6g"))
+    header, rows = shown_cells(frame)
+    if fmt == "markdown":
+        lines = [header, ["---"] * len(header), *rows]
+        return "".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n" for r in lines)
+    from pactl.output import format_rows
+
+    return format_rows(header, rows, "text")
+
+
+def shown_cells(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Header and rows with each `X mean` / `X std` pair folded into one `X` cell."""
+    header = [c for c in frame.columns if not c.endswith(" mean") and not c.endswith(" std")]
+    numbers = [c[: -len(" mean")] for c in frame.columns if c.endswith(" mean")]
+    rows = []
+    for _, row in frame.iterrows():
+        cells = [_cell(row[c]) for c in header]
+        cells += [_mean_std(row[f"{n} mean"], row[f"{n} std"], n) for n in numbers]
+        rows.append(cells)
+    return header + numbers, rows
+
+
+def _cell(value: Any) -> str:
+    if value is None or _isnan(value):
+        return ""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _mean_std(mean: float, std: float, name: str) -> str:
+    if _isnan(mean):
+        return ""
+    digits = 0 if name in ("epochs done", "best epoch", "seconds") else 4
+    text = f"{mean:.{digits}f}"
+    return text if _isnan(std) else f"{text} ± {std:.{digits}f}"
+
+
+def curves(run: Run, key: str = "recall@1") -> tuple[list[float], list[float], list[float]]:
+    """(epochs, wall seconds at the end of each epoch, Recall@1) of the epochs evaluated; epoch
+    0 at 0 s (its evaluation is no training), each later epoch adding its own seconds."""
+    frame = run.metrics
+    if frame.empty or key not in frame:
+        return [], [], []
+    frame = frame.sort_values("epoch")
+    spent = frame["seconds"].where(frame["epoch"] > 0, 0.0) if "seconds" in frame else None
+    clock = spent.fillna(0.0).cumsum() if spent is not None else frame["epoch"] * math.nan
+    kept = frame[key].notna()
+    return (
+        frame["epoch"][kept].tolist(),
+        clock[kept].tolist(),
+        frame[key][kept].tolist(),
+    )
+
+
+def figure(groups: list[Group]) -> Figure:
+    """Recall@1 of the test classes against epochs and against wall time: a line per group (the
+    mean of its runs at each epoch they all reached), a band of +- one std over its seeds."""
+    from matplotlib.figure import Figure
+
+    pd = pandas()
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    by_epoch, by_time = fig.subplots(1, 2, sharey=True)
+    for g in groups:
+        series = [curves(r) for r in g.runs]
+        frames = [pd.DataFrame({"t": t, "r": v}, index=e) for e, t, v in series if e]
+        if not frames:
+            continue
+        joined = pd.concat(frames, axis=1, keys=range(len(frames)), join="inner")
+        mean_r = joined.xs("r", axis=1, level=1).mean(axis=1)
+        std_r = joined.xs("r", axis=1, level=1).std(axis=1).fillna(0.0)
+        mean_t = joined.xs("t", axis=1, level=1).mean(axis=1)
+        label = f"{g.name} ({g.runs[0].settings.get('train.loss')}"
+        label += f", {len(g.runs)} seeds)" if len(g.runs) > 1 else ")"
+        for ax, x in ((by_epoch, mean_r.index.to_numpy()), (by_time, mean_t.to_numpy())):
+            (line,) = ax.plot(x, mean_r.to_numpy(), marker="o", label=label)
+            if len(frames) > 1:
+                low, high = (mean_r - std_r).to_numpy(), (mean_r + std_r).to_numpy()
+                ax.fill_between(x, low, high, color=line.get_color(), alpha=0.2, gid="seed-band")
+    from matplotlib.ticker import MaxNLocator
+
+    by_epoch.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+    by_epoch.set_xlabel("epoch")
+    by_time.set_xlabel("wall time (s)")
+    by_epoch.set_ylabel("Recall@1 (test classes)")
+    for ax in (by_epoch, by_time):
+        if ax.get_lines():
+            ax.legend(loc="lower right", fontsize="small")
+    fig.suptitle("Recall@1 against epochs and against training time")
+    return fig
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    text: str  # the table in the format asked for
+    written: tuple[Path, ...]  # files under --out
+
+
+def compare(paths: list[Path], fmt: str = "table", out: Path | None = None) -> CompareResult:
+    """The comparison of the runs under `paths` as `fmt`; with `out`, also compare.csv,
+    compare.md and compare.png (the figure) there."""
+    from pactl.fsutil import atomic_write_text, make_folder
+    from pactl.report import save_figure
+
+    runs = [read_run(p) for p in find_runs(paths)]
+    groups = group_runs(runs)
+    frame = summary(groups)
+    published = published_column(frame, groups)
+    if any(published):
+        frame.insert(len(IDENTITY), "published recall@1", published)
+    written: list[Path] = []
+    if out is not None:
+        make_folder(out)
+        for name, kind in (("compare.csv", "csv"), ("compare.md", "markdown")):
+            atomic_write_text(out / name, rendered(frame, kind))
+            written.append(out / name)
+        save_figure(figure(groups), out / "compare.png")
+        written.append(out / "compare.png")
+    return CompareResult(rendered(frame, fmt), tuple(written))

@@ -1,0 +1,159 @@
+"""`pactl plot RUN`: pictures of a run's embedding space, like the paper's appendix.
+
+tsne.png: a sample of the test embeddings (best.pt) in 2-D by scikit-learn's t-SNE, coloured by
+class, with thumbnails of some images at their points. retrieval.png: queries from the same
+sample with their top 4 among it (the query itself left out), framed green when of the query's
+class and red when not (pactl.report.retrieval_grid).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pactl.console import Reporter
+from pactl.errors import PactlError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+@dataclass(frozen=True)
+class PlotConfig:
+    points: int = 2000  # test images sampled for t-SNE and the retrieval figure
+    thumbnails: int = 40  # images drawn at their t-SNE points
+    queries: int = 8  # rows of the retrieval figure
+    k: int = 4  # hits per query
+    perplexity: float = 30.0  # t-SNE perplexity (lowered for small samples)
+    seed: int = 0  # the sample, the queries and t-SNE
+    device: str = "auto"
+    workers: int = 0
+
+
+@dataclass(frozen=True)
+class Sample:
+    paths: list[str]
+    labels: list[str]  # class names
+    vectors: np.ndarray  # (N, D) float32 unit rows
+
+
+def sample_test(run: Path, config: PlotConfig, reporter: Reporter) -> Sample:
+    """Up to config.points images of the run's test split (a seeded sample), embedded by
+    its best.pt."""
+    from pactl.checkpoint import load_model
+    from pactl.datasets import load_source
+    from pactl.embed import embed_files
+    from pactl.runtime import resolve_device
+
+    try:
+        info = json.loads((run / "config.json").read_bytes())
+        source = str(info["dataset"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise PactlError(f"{run} is not a run folder (no readable config.json)") from None
+    if not (run / "best.pt").is_file():
+        raise PactlError(f"{run} has no best.pt yet: let it train for an epoch")
+    follow = bool(info.get("train_config", {}).get("follow_links", False))
+    manifest = load_source(source, reporter, follow_links=follow)
+    test = manifest.select(*manifest.eval_splits())
+    rng = np.random.default_rng(config.seed)
+    rows = np.sort(rng.permutation(len(test))[: config.points])
+    part = test.subset(rows.tolist())
+    model, model_cfg, _ = load_model(run / "best.pt")
+    device = resolve_device(config.device)
+    model.to(device)
+    done = embed_files(
+        model, part.files(), model_cfg, device, reporter, workers=config.workers, draft=False
+    )
+    paths = [str(part.files()[i]) for i in done.rows]
+    labels = [part.class_names[i] for i in done.rows]
+    return Sample(paths, labels, np.asarray(done.vectors, dtype=np.float32))
+
+
+def tsne_points(vectors: np.ndarray, config: PlotConfig) -> np.ndarray:
+    """(N, 2) t-SNE of unit rows (cosine distance); the perplexity is kept below N / 3."""
+    from sklearn.manifold import TSNE
+
+    n = len(vectors)
+    if n < 4:
+        raise PactlError(f"t-SNE needs at least 4 test images; the sample has {n}")
+    perplexity = min(config.perplexity, (n - 1) / 3)
+    tsne = TSNE(
+        n_components=2,
+        perplexity=perplexity,
+        init="pca",
+        metric="cosine",
+        random_state=config.seed,
+    )
+    return np.asarray(tsne.fit_transform(vectors.astype(np.float64)))
+
+
+def tsne_figure(sample: Sample, points: np.ndarray, config: PlotConfig) -> Figure:
+    """The 2-D points coloured by class, and config.thumbnails images drawn at theirs."""
+    from matplotlib.figure import Figure
+    from matplotlib.offsetbox import AnnotationBbox, OffsetImage
+
+    from pactl.images import ImageError, load_image
+    from pactl.report import fit_tile
+
+    classes = sorted(set(sample.labels))
+    colour = {c: i for i, c in enumerate(classes)}
+    fig = Figure(figsize=(9, 9), layout="constrained")
+    ax = fig.subplots()
+    codes = [colour[c] for c in sample.labels]
+    ax.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab20", s=8, alpha=0.8)
+    rng = np.random.default_rng(config.seed + 1)
+    for i in rng.permutation(len(points))[: config.thumbnails]:
+        try:
+            image = fit_tile(load_image(Path(sample.paths[i]), target_size=48), 48)
+        except ImageError:
+            continue
+        box = AnnotationBbox(
+            OffsetImage(np.asarray(image), zoom=0.6), points[i], frameon=True, pad=0.1
+        )
+        box.set_gid("thumbnail")
+        ax.add_artist(box)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(f"t-SNE of {len(points)} test embeddings, {len(classes)} classes")
+    return fig
+
+
+Rows = list[tuple[str, str | None, list[tuple[str, str, float]]]]  # as retrieval_grid takes
+
+
+def retrieval_rows(sample: Sample, queries: list[int], k: int) -> Rows:
+    """Each query's top k among the sample by cosine, the query itself left out by index."""
+    scores = sample.vectors[queries] @ sample.vectors.T  # (Q, N) cosine of unit rows
+    scores[np.arange(len(queries)), queries] = -np.inf
+    rows: Rows = []
+    for q, row in zip(queries, scores, strict=True):
+        top = np.argsort(-row, kind="stable")[:k]
+        hits = [(sample.paths[j], sample.labels[j], float(row[j])) for j in top]
+        rows.append((sample.paths[q], sample.labels[q], hits))
+    return rows
+
+
+@dataclass(frozen=True)
+class PlotResult:
+    written: tuple[Path, ...]
+    images: int  # test images embedded
+
+
+def plot_run(run: Path, out: Path, config: PlotConfig, reporter: Reporter) -> PlotResult:
+    """tsne.png and retrieval.png of the run in `out`."""
+    from pactl.fsutil import make_folder
+    from pactl.report import retrieval_grid, save_figure
+
+    make_folder(out)
+    sample = sample_test(run, config, reporter)
+    with reporter.bar(f"t-SNE of {len(sample.vectors)} test embeddings", total=None):
+        points = tsne_points(sample.vectors, config)
+    save_figure(tsne_figure(sample, points, config), out / "tsne.png")
+    rng = np.random.default_rng(config.seed + 2)
+    queries = rng.permutation(len(sample.paths))[: config.queries].tolist()
+    retrieval_grid(retrieval_rows(sample, queries, config.k), out / "retrieval.png")
+    return PlotResult((out / "tsne.png", out / "retrieval.png"), len(sample.paths))

@@ -1,0 +1,108 @@
+"""pactl sweep: settings parsed by type, and resume (a finished point never rerun, a killed
+point resumed from its checkpoint) on a tiny network with 2 epochs a point."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import make_class_folder, run_cli
+
+from pactl.errors import UsageError
+from pactl.research.sweep import SweepConfig, grid, parse_setting, point_name
+
+SETTINGS = [
+    "backbone=small", "weights=none", "dim=16", "image_size=16", "batch_size=8", "lr=1e-3",
+    "workers=0", "epochs=2", "val_classes=0",
+]  # fmt: skip
+# The first epoch 1 recorded ends the process as a kill would: no cleanup, the trial RUNNING.
+KILLED = """
+import os, sys
+import pactl.train as train
+recorded = train.record_epoch
+def record_then_die(t, run_dir, row, *args, **kwargs):
+    recorded(t, run_dir, row, *args, **kwargs)
+    if row["epoch"] == 1:
+        os._exit(9)
+train.record_epoch = record_then_die
+sys.argv = ["pactl", *sys.argv[1:]]
+from pactl.cli import main
+main()
+"""
+
+
+def test_settings_are_parsed_by_their_type() -> None:
+    assert parse_setting("alpha=4,8", many=True) == ("alpha", (4.0, 8.0))
+    assert parse_setting("dim=32,64", many=True) == ("embedding_dim", (32, 64))
+    assert parse_setting("pooling=avg,max", many=True) == ("pooling", ("avg", "max"))
+    assert parse_setting("freeze_bn=true", many=False) == ("freeze_bn", True)
+    for bad in ("alpha", "nosuch=1", "epochs=x", "alpha=4,4"):
+        with pytest.raises(UsageError):
+            parse_setting(bad, many=True)
+    config = SweepConfig("digits", (("alpha", (4.0, 8.0)), ("embedding_dim", (32, 64))))
+    assert (
+        len(grid(config)) == 4 and point_name(grid(config)[1], 0) == "alpha=4_embedding_dim=64-s0"
+    )
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
+
+
+def test_a_killed_sweep_resumes_and_a_finished_point_is_never_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import optuna
+
+    import pactl.train
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    folder = tmp_path / "runs" / "sw"
+    args = ["sweep", str(tmp_path / "imgs"), "--param", "alpha=16,32", "--name", "sw", "-q"]
+    args += [a for s in SETTINGS for a in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    killed = subprocess.run([sys.executable, "-c", KILLED, *args], env=env, cwd=tmp_path)
+    assert killed.returncode == 9
+    (first,) = [p for p in (folder / "points").iterdir() if (p / "checkpoint.pt").is_file()]
+    before = metrics(first)
+    assert [r["epoch"] for r in before] == ["0", "1"]
+
+    calls: list[tuple[str, bool]] = []
+    fit = pactl.train.fit
+
+    def counted_fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=False):  # type: ignore[no-untyped-def]
+        calls.append((run_dir.name, resume))
+        return fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=resume)
+
+    monkeypatch.setattr(pactl.train, "fit", counted_fit)
+    code, out, err = run_cli(
+        ["sweep", "--resume", str(folder), "--format", "csv"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    other = ({"alpha=16-s0", "alpha=32-s0"} - {first.name}).pop()
+    assert sorted(calls) == sorted([(first.name, True), (other, False)])
+    after = metrics(first)
+    assert after[:2] == before and [r["epoch"] for r in after] == ["0", "1", "2"]
+    assert sorted(r["alpha"] for r in csv.DictReader(out.splitlines())) == ["16", "32"]
+    study = optuna.load_study(
+        study_name="sweep",
+        storage=optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(folder / "journal.log"))
+        ),
+    )
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE", "COMPLETE", "FAIL"]  # the killed trial failed, then redone
+
+    calls.clear()
+    code, _, err = run_cli(["sweep", "--resume", str(folder)], monkeypatch, capsys)
+    assert code == 0, err
+    assert calls == []  # every point finished: nothing trained again
+    assert len(study.trials) == 3  # nor a trial added
+    assert (folder / "sweep.png").stat().st_size > 0
+    assert json.loads((folder / "sweep.json").read_text())["format"] == "pactl.sweep"
