@@ -37,7 +37,7 @@ def test_same_item_keeps_hits_at_or_above_the_calibrated_threshold(
     config = ServeConfig(bundle=tmp_path / "bundle", device="cpu", faiss_device="cpu")
     image = tmp_path / "imgs" / "class_0" / "0.png"
     files = [("files", ("q.png", image.read_bytes(), "image/png"))]
-    with TestClient(create_app(config, Engine(config))) as client:
+    with TestClient(create_app(config, Engine(config), "test-secret")) as client:
         every = client.post("/query", params={"k": 9}, files=files).json()["results"][0]["hits"]
         refused = client.post("/query", params={"k": 9, "same_item": "true"}, files=files)
     assert refused.status_code == 400 and "no same-item calibration" in refused.json()["detail"]
@@ -46,7 +46,7 @@ def test_same_item_keeps_hits_at_or_above_the_calibrated_threshold(
     # Calibrated after the bundle was built: the service reads the checkpoint's.
     cal = Calibration(0.99, t, 0.5, 1.0, "val", 9, 3, 36, True, ((t, 1.0, 0.5),))
     checkpoint.store_calibration(tmp_path / "best.pt", cal.to_dict())
-    with TestClient(create_app(config, Engine(config))) as client:
+    with TestClient(create_app(config, Engine(config), "test-secret")) as client:
         reply = client.post("/query", params={"k": 9, "same_item": "true"}, files=files)
     assert reply.status_code == 200, reply.text
     hits = reply.json()["results"][0]["hits"]
