@@ -151,6 +151,10 @@ def check_payload(payload: dict[str, Any], path: Path) -> None:
         "a mapping of names to numbers",
         _is_scores(payload.get("metrics")),
     )
+    if "calibration" in payload:  # absent from checkpoints older than calibration
+        from pactl.calibrate import read_calibration
+
+        read_calibration(payload["calibration"], str(path))
     if kind == "full":
         check_training_state(payload, path)
 
@@ -217,6 +221,13 @@ def _is_scores(value: Any) -> bool:
     return isinstance(value, dict) and all(
         isinstance(k, str) and _is_number(v) for k, v in value.items()
     )
+
+
+def store_calibration(path: Path, calibration: dict[str, Any]) -> None:
+    """Rewrite the checkpoint at `path` with its same-item calibration (atomically)."""
+    payload = load(path)
+    payload["calibration"] = calibration
+    save(path, payload)
 
 
 def load_model(path: Path) -> tuple[nn.Module, ModelConfig, dict[str, Any]]:

@@ -59,6 +59,7 @@ class TrainConfig:
     val_classes: float = 0.15  # share of the train classes held out to choose best.pt (0: none)
     selection: str = "val"  # split whose Recall@1 chooses best.pt: val | test | last
     seed: int = 0  # seeds model init, sampling and augmentation
+    precision: float = 0.99  # same-item precision the calibrated cosine threshold reaches
     workers: int = 4  # DataLoader worker processes
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     amp: str = "none"  # none | bf16 | fp16 autocast; the loss always runs in float32
@@ -350,6 +351,7 @@ TRAIN_RULES: dict[str, Rule] = {
     "val_classes": number(0, 0.9),
     "selection": choice("val", "test", "last"),
     "seed": integer(0, MAX_SEED),
+    "precision": number(0, 1, above=True),
     "workers": integer(0, MAX_WORKERS),
     "device": device(),
     "amp": choice("none", "bf16", "fp16"),

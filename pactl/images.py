@@ -18,6 +18,8 @@ the Dataset, transforms and `collate` work with worker processes under fork or s
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import struct
 import warnings
@@ -30,7 +32,7 @@ from typing import BinaryIO
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError, features
 from torchvision import transforms as T
 
 from pactl.console import Reporter
@@ -129,14 +131,44 @@ def load_image(
 @contextmanager
 def _image_errors(path: Path | str) -> Iterator[None]:
     """Any failure to open or decode `path` as an ImageError with a short reason."""
+    if Path(path).suffix.lower() in HEIF_SUFFIXES:
+        heif_support()
     try:
         yield
     except OSError as e:
-        if isinstance(e, UnidentifiedImageError) or e.errno is None:
+        if isinstance(e, UnidentifiedImageError):
+            raise ImageError(path, _format_missing(path) or _decode_reason(e)) from e
+        if e.errno is None:
             raise ImageError(path, _decode_reason(e)) from e
         raise ImageError(path, os_reason(e)) from e
     except _DECODE_ERRORS as e:
         raise ImageError(path, _decode_reason(e)) from e
+
+
+HEIF_SUFFIXES = (".heic", ".heif")  # read through pillow-heif, the `heif` extra
+HEIF_INSTALL = "pip install 'pactl[heif]'"
+
+
+@functools.cache
+def heif_support() -> bool:
+    """Whether HEIC/HEIF images can be read: pillow-heif (the `heif` extra) is installed, and
+    then its opener is registered with PIL (once per process, workers included)."""
+    if importlib.util.find_spec("pillow_heif") is None:
+        return False
+    import pillow_heif
+
+    pillow_heif.register_heif_opener()
+    return True
+
+
+def _format_missing(path: Path | str) -> str | None:
+    """Why a photo format PIL does not know here is unreadable, when the fix is an install."""
+    suffix = Path(path).suffix.lower()
+    if suffix in HEIF_SUFFIXES and not heif_support():
+        return f"a HEIC/HEIF image, and pillow-heif is not installed: {HEIF_INSTALL}"
+    if suffix == ".avif" and not features.check("avif"):
+        return "an AVIF image, and this Pillow reads no AVIF: install Pillow 11.2 or newer"
+    return None
 
 
 def jpeg_bytes(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> bytes | None:

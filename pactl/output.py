@@ -107,7 +107,7 @@ def write_rows(path: Path, header: Sequence[str], rows: Iterable[Iterable[Any]])
 class HitWriter:
     """Writes hit rows as they come; CSV gets its header once."""
 
-    columns = ("query", "rank", "id", "path", "label", "score")
+    columns: tuple[str, ...] = ("query", "rank", "id", "path", "label", "score")
 
     def __init__(
         self,
@@ -214,3 +214,25 @@ def format_rows(header: list[str], rows: list[list[str]], fmt: str) -> str:
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
         for row in shown
     )
+
+
+class GroupWriter(HitWriter):
+    """`pactl dedup`'s rows, group by group: group, id, path, score (cosine to the group's
+    first member); written like query hits (the same escaping, exact CSV, ASCII JSON Lines,
+    bare paths)."""
+
+    columns: tuple[str, ...] = ("group", "id", "path", "score")
+
+    def _values(self, hit: Any) -> list[Any]:
+        return [hit.group, hit.id, hit.path, round(float(hit.score), 6)]
+
+    def _table(self, hits: list[list[Any]]) -> None:
+        table = Table(title="same item", title_justify="left")
+        for name in ("group", "id", "score"):
+            table.add_column(name, justify="right")
+        table.add_column("path", overflow="fold")  # never cut short with an ellipsis
+        for group in hits:
+            for m in group:
+                table.add_row(str(m.group), str(m.id), f"{m.score:.4f}", Text(visible(m.path)))
+        if table.rows:
+            self.console.print(table)

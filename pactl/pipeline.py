@@ -222,12 +222,47 @@ def index_vectors(
             "checkpoint_relative": _relative(meta.get("checkpoint"), out),
             "model_config": meta["model_config"],
             "vectors": str(vectors_dir.resolve()),
+            "calibration": _calibration_to_copy(meta, reporter),
             **tuning,
             **({"next_id": before.next_id} if before is not None else {}),
         }
         write_bundle(gen, index, items, bundle_meta, deleted=dead, removed=removed)
     bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
+
+
+def checkpoint_calibration(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The same-item calibration of the checkpoint that made the vectors of `meta`, while it
+    holds the same weights; None for a backbone's vectors or a checkpoint never calibrated."""
+    from pactl.checkpoint import load
+
+    recorded = meta.get("checkpoint")
+    if not recorded or not Path(recorded).is_file():
+        return None
+    payload = load(Path(recorded))
+    if payload.get("fingerprint") != meta.get("fingerprint"):
+        return None
+    calibration = payload.get("calibration")
+    return calibration if isinstance(calibration, dict) else None
+
+
+def _calibration_to_copy(meta: dict[str, Any], reporter: Reporter) -> dict[str, Any] | None:
+    """What a new bundle records of its checkpoint's calibration; a checkpoint that cannot be
+    read now (the vectors need only its record) leaves the bundle without one, said once."""
+    try:
+        return checkpoint_calibration(meta)
+    except PactlError as e:
+        reporter.warn(f"the bundle records no same-item calibration: {e}")
+        return None
+
+
+def calibration_of(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The same-item calibration recorded in a bundle's meta.json, else its checkpoint's (one
+    calibrated after the bundle was built), else None."""
+    recorded = meta.get("calibration")
+    if isinstance(recorded, dict):
+        return recorded
+    return checkpoint_calibration(meta)
 
 
 def same_ids(
@@ -635,11 +670,22 @@ def query_chunks(
     know_labels: bool = False,
     faiss_device: str = "auto",
     qdrant: tuple[str, str] | None = None,
+    same_item: bool = False,
+    threshold: float | None = None,
 ) -> Any:
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number.
     `qdrant`: (URL or folder, collection) searched instead of the bundle's index, the queries
-    embedded with the bundle's network all the same."""
+    embedded with the bundle's network all the same. With `same_item`, only hits at or above
+    the same-item threshold (`threshold`, else the bundle's calibrated one) are kept: a query
+    may then have none."""
     opened = open_query_model(bundle_dir, checkpoint, device_name, faiss_device)
+    least = None
+    if same_item:
+        from pactl.calibrate import same_item_threshold
+
+        meta = opened[0].meta
+        least, how = same_item_threshold(calibration_of(meta), str(bundle_dir), threshold)
+        reporter.log(f"same item: {how}")
     find = None
     if qdrant is not None:
         from pactl.interop.qdrant import QdrantSearch
@@ -647,7 +693,7 @@ def query_chunks(
         find = QdrantSearch(*qdrant, int(opened[0].index.d), k)
     try:
         yield from answer_chunks(
-            *opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels, find
+            *opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels, find, least
         )
     finally:
         if find is not None:
@@ -667,10 +713,12 @@ def answer_chunks(
     batch_size: int = 128,
     know_labels: bool = False,
     find: Any = None,
+    least: float | None = None,
 ) -> Any:
     """query_chunks over a bundle and model already open (open_query_model): `pactl query` and
     pactl.api.Index.query embed and search query files by this one loop. `find(names, vectors,
-    own ids or None)` gives the hits instead of the bundle's index (a Qdrant collection)."""
+    own ids or None)` gives the hits instead of the bundle's index (a Qdrant collection). Hits
+    below `least` (a same-item threshold) are left out."""
     from itertools import islice
 
     from pactl.embed import embed_files, fastpath
@@ -696,6 +744,8 @@ def answer_chunks(
             found = find(names, done.vectors, own if exclude_self else None)
         failed = [(str(batch[i]), reason_of(batch[i], why)) for i, why in done.failed]
         labels = [_item_label(bundle, int(i)) for i in own]
+        if least is not None:
+            found = [[h for h in row if h.score >= least] for row in found]
         yield QueryChunk(names, found, failed, labels)
 
 
@@ -771,6 +821,42 @@ def eval_checkpoint(
     cfg = TrainConfig(eval_ks=ks, workers=workers)
     scores = evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
     return scores, network.config
+
+
+def calibrate_source(
+    source: str,
+    model_from: ModelSource,
+    precision: float,
+    device_name: str,
+    workers: int,
+    reporter: Reporter,
+    follow_links: bool = False,
+) -> Any:
+    """The same-item calibration of a checkpoint's or a backbone's network on a dataset's
+    held-out classes (its val split if it has one, else its test split); a checkpoint gets it
+    stored, with calibration.png beside it. Returns the pactl.calibrate.Calibration."""
+    from pactl.calibrate import CalibrationConfig, calibrate, describe
+    from pactl.checkpoint import open_network
+    from pactl.config import TrainConfig
+    from pactl.datasets import load_source
+    from pactl.runtime import resolve_device
+    from pactl.train import calibrate_checkpoint, split_vectors
+
+    manifest = load_source(source, reporter, follow_links=follow_links)
+    split = "val" if manifest.has_split("val") else "test"
+    part = manifest.select("val") if split == "val" else manifest.select(*manifest.eval_splits())
+    if not len(part):
+        raise PactlError(f"{source} has no test split to calibrate on")
+    device = resolve_device(device_name)
+    cfg = TrainConfig(workers=workers, precision=precision)
+    if isinstance(model_from, Path):
+        return calibrate_checkpoint(model_from, part, split, cfg, device, reporter)
+    model, network = open_network(model_from)
+    model.to(device)
+    vectors, labels = split_vectors(model, part, split, network.config, cfg, device, reporter)
+    calibration = calibrate(vectors, labels, CalibrationConfig(precision=precision), split)
+    reporter.log(f"{describe(calibration)} (not stored: no checkpoint)")
+    return calibration
 
 
 def registry_rows(what: str) -> tuple[list[str], list[list[str]]]:

@@ -1,4 +1,4 @@
-"""Pictures: training curves and retrieval grids."""
+"""Pictures: training curves, the same-item precision-recall curve and retrieval grids."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from PIL import Image, ImageDraw
+
+    from pactl.calibrate import Calibration
 
 # The picture format is the one the file name says: a .jpg holding PNG bytes confuses viewers.
 IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
@@ -91,6 +93,34 @@ def save_figure(fig: Figure, out: Path, dpi: int = 100) -> None:
     fmt = check_image_path(out)
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format=fmt.lower(), dpi=dpi)
+
+
+def plot_calibration(calibration: Calibration, out: Path) -> None:
+    """calibration.png: precision against recall of "cosine >= t" on the held-out pairs, with
+    the calibrated threshold marked."""
+    fmt = check_image_path(out)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2, 4.0), layout="constrained")
+    ax = fig.subplots()
+    _, precision, recall = zip(*calibration.curve, strict=True)
+    ax.plot(recall, precision, color="tab:blue", label="cosine >= t")
+    ax.axhline(calibration.precision, color="tab:gray", linestyle=":", label="target precision")
+    if calibration.threshold is not None:
+        ax.plot(
+            [calibration.recall],
+            [calibration.measured],
+            "o",
+            color="tab:red",
+            label=f"t = {calibration.threshold:.4f}",
+        )
+    ax.set_xlabel(f"recall (same-class pairs of the {calibration.split} classes)")
+    ax.set_ylabel("precision")
+    ax.set_xlim(0, 1)
+    ax.legend(loc="lower left", fontsize="small")
+    ax.set_title(f"same-item threshold at precision {calibration.precision:g}")
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format=fmt.lower(), dpi=100)
 
 
 def read_metrics(metrics_csv: Path) -> list[dict[str, float]]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
 from pactl.output import csv_text
 from pactl.report import selection_score
 from pactl.runtime import autocast, resolve_device
+
+if TYPE_CHECKING:
+    from pactl.calibrate import Calibration
 
 RUN_FORMAT = "pactl.run"
 RUN_VERSION = 1
@@ -310,21 +313,7 @@ def evaluate(
 
     def vectors(split: str) -> tuple[np.ndarray, np.ndarray]:
         part = manifest.select(split)
-        done = embed_files(
-            net,
-            part.files(),
-            model_cfg,
-            device,
-            reporter,
-            workers=cfg.workers,
-            amp=cfg.amp,
-            channels_last=cfg.channels_last,
-            prepare=prepare,
-            draft=False,
-        )
-        if done.failed:
-            reporter.log(f"evaluation skipped {len(done.failed)} unreadable {split} images")
-        return done.vectors, part.labels[done.rows]
+        return split_vectors(net, part, split, model_cfg, cfg, device, reporter, prepare)
 
     if manifest.eval_splits() == ("query", "gallery"):
         q, ql = vectors("query")
@@ -335,6 +324,70 @@ def evaluate(
     v, vl = vectors(split)
     scores = metrics.evaluate(v, vl, cfg.eval_ks, with_nmi=with_nmi, seed=cfg.seed)
     return {**scores, "mean_cos": mean_pairwise_cosine(v)}
+
+
+def split_vectors(
+    net: nn.Module,
+    part: Manifest,
+    split: str,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    device: torch.device,
+    reporter: Reporter,
+    prepare: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The vectors of a split's readable images and their labels."""
+    done = embed_files(
+        net,
+        part.files(),
+        model_cfg,
+        device,
+        reporter,
+        workers=cfg.workers,
+        amp=cfg.amp,
+        channels_last=cfg.channels_last,
+        prepare=prepare,
+        draft=False,
+    )
+    if done.failed:
+        reporter.log(f"evaluation skipped {len(done.failed)} unreadable {split} images")
+    return done.vectors, part.labels[done.rows]
+
+
+def calibrate_checkpoint(
+    path: Path,
+    part: Manifest,
+    split: str,
+    cfg: TrainConfig,
+    device: torch.device,
+    reporter: Reporter,
+) -> Calibration:
+    """The same-item threshold of the checkpoint's network at cfg.precision, measured on the
+    pairs of `part` (held-out classes), stored in the checkpoint, its precision-recall curve
+    drawn beside it (calibration.png)."""
+    from pactl.calibrate import CalibrationConfig, calibrate, describe
+    from pactl.report import plot_calibration
+
+    model, model_cfg, _ = ckpt.load_model(path)
+    model.to(device)
+    vectors, labels = split_vectors(model, part, split, model_cfg, cfg, device, reporter)
+    config = CalibrationConfig(precision=cfg.precision, seed=cfg.seed)
+    calibration = calibrate(vectors, labels, config, split)
+    ckpt.store_calibration(path, calibration.to_dict())
+    plot_calibration(calibration, path.parent / "calibration.png")
+    reporter.log(f"{path.name}: {describe(calibration)}")
+    return calibration
+
+
+def calibrate_run(t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter) -> None:
+    """best.pt's same-item threshold on the validation classes, else the test classes; a set
+    that cannot be calibrated (one image per class) is a warning, not a failed run."""
+    part, split = (splits.val, "val") if len(splits.val) else (splits.test, "test")
+    try:
+        with writing_in(run_dir):
+            calibrate_checkpoint(run_dir / "best.pt", part, split, t.cfg, t.device, reporter)
+    except PactlError as e:
+        reporter.warn(f"best.pt has no same-item calibration: {e}")
 
 
 def mean_pairwise_cosine(vectors: np.ndarray) -> float:
@@ -643,6 +696,7 @@ def fit(
             plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
         if t.writer is not None:
             t.writer.close()
+        calibrate_run(t, splits, run_dir, reporter)
     best = state["best"]
     return TrainResult(
         run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection

@@ -61,6 +61,18 @@ def eval_(
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace the report if it exists.")
     ] = False,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate",
+            help="Instead of the metrics: measure the same-item threshold on the held-out "
+            "classes (val split, else test) and store it in the checkpoint.",
+        ),
+    ] = False,
+    precision: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="With --calibrate: the precision to reach."),
+    ] = 0.99,
     workers: Workers = 0,
     device: Device = "auto",
     follow_links: FollowLinks = False,
@@ -75,6 +87,7 @@ def eval_(
       pactl eval                             # latest run, its dataset
       pactl eval cars196 --checkpoint runs/<run>/best.pt --report cars.csv
       pactl eval my_photos/ --backbone resnet50   # the ImageNet start
+      pactl eval --calibrate --precision 0.995   # same-item threshold
     """
     from pactl.pipeline import eval_checkpoint
     from pactl.train import latest_run, resumed_configs
@@ -92,6 +105,13 @@ def eval_(
     if source is None:
         raise UsageError("give the dataset, folder or CSV to evaluate on")
     check_option("--device", device, TRAIN_RULES["device"])
+    if calibrate:
+        if report is not None or ks is not None:
+            raise UsageError("--calibrate writes no metrics: leave out --report and --ks")
+        check_option("--precision", precision, TRAIN_RULES["precision"])
+        model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
+        calibrate_to_stdout(source, model_from, precision, device, workers, quiet, follow_links)
+        return
     report = report or default_report(checkpoint if backbone is None else None)
     check_output(report, "--report", folder=False)
     k_list = parse_ks(ks) if ks else PRESETS[source].train.eval_ks if source in PRESETS else None
@@ -112,6 +132,32 @@ def eval_(
         for key, value in metrics.items():
             out.print("  ".join([f"{key:12s} {value:.4f}", *published_cells(key, found)]))
     log.log(f"wrote {report}")
+
+
+def calibrate_to_stdout(
+    source: str,
+    model_from: Path | ModelConfig,
+    precision: float,
+    device: str,
+    workers: int,
+    quiet: bool,
+    follow_links: bool,
+) -> None:
+    """`--calibrate`: the threshold, the precision it reaches and the recall kept, on stdout."""
+    from pactl.pipeline import calibrate_source
+
+    log = reporter(quiet)
+    cal = calibrate_source(source, model_from, precision, device, workers, log, follow_links)
+    with to_stdout():
+        threshold = "none" if cal.threshold is None else f"{cal.threshold:.4f}"
+        out.print(f"threshold    {threshold}")
+        out.print(f"precision    {cal.measured:.4f}")
+        out.print(f"recall       {cal.recall:.4f}")
+        out.print(f"pairs        {cal.pairs}")
+    if isinstance(model_from, Path):
+        log.log(f"stored in {model_from}; curve in {model_from.parent / 'calibration.png'}")
+    else:
+        log.log("not stored (a backbone has no checkpoint): give dedup --threshold")
 
 
 def run_folder(checkpoint: Path | None) -> Path | None:

@@ -77,6 +77,19 @@ def query(
             "(find -print0) and --paths-only writes them.",
         ),
     ] = False,
+    same_item: Annotated[
+        bool,
+        typer.Option(
+            "--same-item",
+            help="Keep only hits at or above the bundle's calibrated same-item threshold.",
+        ),
+    ] = False,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            min=-1.0, max=1.0, help="With --same-item: this cosine instead of the calibrated one."
+        ),
+    ] = None,
     strict: Annotated[
         bool, typer.Option("--strict", help="Fail on the first unreadable query image.")
     ] = False,
@@ -125,6 +138,7 @@ def query(
       pactl query img.png --paths-only -0 | xargs -0 ls -l
       pactl query queries/ --k 5 --grid hits.png
       pactl query img.png --server http://127.0.0.1:8000
+      pactl query new.jpg --same-item --k 10   # already indexed?
       pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
     """
     from pactl import pipeline
@@ -133,7 +147,7 @@ def query(
     log = reporter(quiet)
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid, overwrite)
-    check_query_format(images, fmt, paths_only, null)
+    check_query_format(images, fmt, paths_only, null, same_item, threshold)
     if qdrant is None and collection != QdrantConfig.collection:
         raise UsageError("--collection goes with --qdrant")
     if server is not None:
@@ -143,13 +157,14 @@ def query(
         given = [name for name, value in local.items() if value is not None]
         given += ["--device"] if device != "auto" else []
         given += ["--faiss-device"] if faiss_device is not FaissDevice.auto else []
+        given += ["--threshold"] if threshold is not None else []
         if given:
             shown = ", ".join(given)
             raise UsageError(f"--server queries the service's own bundle and network: drop {shown}")
         from pactl.serve.client import check_url, remote_chunks
 
         paths = query_paths(images, null, follow_links, log)
-        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self)
+        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self, same_item)
         chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
         skipped = answer_queries(
             chunks, HitWriter(out, sys.stdout, chosen, paths_only, null), strict, None
@@ -173,6 +188,8 @@ def query(
         log,
         know_labels=grid is not None,
         faiss_device=faiss_device.value,
+        same_item=same_item,
+        threshold=threshold,
         qdrant=(qdrant, collection) if qdrant is not None else None,
     )
     skipped = answer_queries(chunks, writer, strict, pictured if grid is not None else None)
@@ -234,9 +251,19 @@ def no_answer(skipped: int, held: list[tuple[str, str]]) -> str:
     return f"none of the {skipped} query images could be read{first}"
 
 
-def check_query_format(images: list[str], fmt: Format | None, paths_only: bool, null: bool) -> None:
+def check_query_format(
+    images: list[str],
+    fmt: Format | None,
+    paths_only: bool,
+    null: bool,
+    same_item: bool = False,
+    threshold: float | None = None,
+) -> None:
     """Options that would do nothing are refused rather than ignored: --format with
-    --paths-only (bare paths have no format), -0 with neither '-' nor --paths-only."""
+    --paths-only (bare paths have no format), -0 with neither '-' nor --paths-only,
+    --threshold without --same-item."""
+    if threshold is not None and not same_item:
+        raise UsageError("--threshold sets the --same-item threshold; give --same-item too")
     if paths_only and fmt is not None:
         raise UsageError("--paths-only writes bare paths; leave out --format")
     if null and not paths_only and "-" not in images:

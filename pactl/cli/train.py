@@ -129,6 +129,14 @@ def train(
     seed: Annotated[
         int | None, typer.Option(help="Seeds initialisation, sampling and augmentation.")
     ] = None,
+    precision: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Same-item precision best.pt's calibrated cosine threshold reaches (0.99).",
+        ),
+    ] = None,
     seeds: Annotated[
         str | None,
         typer.Option(
@@ -228,6 +236,7 @@ def train(
             sampler=_value(sampler),
             m_per_class=m,
             seed=seed,
+            precision=precision,
             workers=workers,
             device=device,
             amp=_value(amp),

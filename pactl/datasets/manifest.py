@@ -31,7 +31,10 @@ from pactl.output import csv_text, unescape_cell
 from pactl.paths import pactl_home
 
 SPLITS = ("train", "val", "test", "query", "gallery")
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+IMAGE_EXTENSIONS = (
+    *(".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"),
+    *(".heic", ".heif", ".avif"),  # HEIC/HEIF with the `heif` extra (pactl.images.heif_support)
+)
 
 
 @dataclass(frozen=True)

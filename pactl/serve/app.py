@@ -222,6 +222,9 @@ def _queries(app: FastAPI) -> None:
     async def query(
         k: int = Query(4, ge=1, le=MAX_K, description="Neighbours per query."),
         exclude_self: bool = Query(False, description="Drop each query's own item (by id)."),
+        same_item: bool = Query(
+            False, description="Keep only hits at or above the calibrated same-item threshold."
+        ),
         id: list[int] = Query([], description="Query with these items' images."),  # noqa: A002
         path: list[str] = Query([], description="Images under an --allow-root folder."),
         form: FormData | None = Depends(upload_form),
@@ -241,6 +244,7 @@ def _queries(app: FastAPI) -> None:
         try:
             with tempfile.TemporaryDirectory(prefix="pactl-serve-") as scratch:
                 job = Job([], [], [], k, exclude_self)
+                job.min_score = _same_item_threshold(engine) if same_item else None
                 files = await run_in_threadpool(write_scratch, uploads, Path(scratch))
                 for i, (file, upload) in enumerate(zip(files, uploads, strict=True)):
                     given = names[i] if names is not None else None
@@ -258,6 +262,13 @@ def _queries(app: FastAPI) -> None:
             for fd in opened:
                 os.close(fd)
         return _answer_response(answer, k)
+
+
+def _same_item_threshold(engine: Engine) -> float:
+    try:
+        return engine.same_item_threshold()
+    except PactlError as e:
+        raise HTTPException(400, f"same_item: {e}") from None
 
 
 def _answer_response(answer: Answer, k: int) -> JSONResponse:

@@ -45,7 +45,12 @@ def check_url(url: str) -> str:
 
 
 def remote_chunks(
-    url: str, token: str | None, images: Iterable[Path], k: int, exclude_self: bool
+    url: str,
+    token: str | None,
+    images: Iterable[Path],
+    k: int,
+    exclude_self: bool,
+    same_item: bool = False,
 ) -> Iterator[QueryChunk]:
     """Yield a QueryChunk per request; images that cannot be read here, or that exceed the
     service's upload limit alone, are failed here."""
@@ -66,12 +71,12 @@ def remote_chunks(
             failed.append((name, f"{len(data):,} bytes: over the service's upload limit"))
             continue
         if pending and (len(pending) >= min(CHUNK, most) or size + cost > budget):
-            yield _ask(url, token, pending, failed, k, exclude_self)
+            yield _ask(url, token, pending, failed, k, exclude_self, same_item)
             pending, failed, size = [], [], 0
         pending.append((name, data))
         size += cost
     if pending or failed:
-        yield _ask(url, token, pending, failed, k, exclude_self)
+        yield _ask(url, token, pending, failed, k, exclude_self, same_item)
 
 
 def limits(url: str, token: str | None) -> tuple[int, int]:
@@ -106,12 +111,14 @@ def _ask(
     failed: list[tuple[str, str]],
     k: int,
     exclude_self: bool,
+    same_item: bool = False,
 ) -> QueryChunk:
     if not pending:
         return QueryChunk([], [], failed, [])
     names = [name for name, _ in pending]
     keys = [os.path.abspath(name) for name in names]  # the service finds the items by these
-    query = urlencode({"k": k, "exclude_self": str(exclude_self).lower()})
+    asked = {"k": k, "exclude_self": str(exclude_self).lower()}
+    query = urlencode({**asked, **({"same_item": "true"} if same_item else {})})
     reply = post_files(f"{url}/query?{query}", token, pending, {"names": json.dumps(keys)})
     try:
         return _chunk(reply, dict(zip(keys, names, strict=True)), failed)

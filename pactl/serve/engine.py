@@ -69,6 +69,7 @@ class Job:
     exclude_self: bool
     future: asyncio.Future[Answer] | None = None
     decoded: Any = None  # the files as embed.decode_files gives them, decoded before batching
+    min_score: float | None = None  # same_item: hits below this cosine are left out
 
     def add(self, file: Path, name: str, own: int | str | None) -> None:
         self.files.append(file)
@@ -177,8 +178,19 @@ class Engine:
         own = self._own_ids(snapshot, [job.own[i] for i in kept]) if job.exclude_self else None
         rows = vectors[[row_of[positions[i]] for i in kept]]
         scores, ids = search(snapshot.bundle, rows, job.k, own)
-        answer.results = list(zip(names, hits(snapshot.bundle, names, scores, ids), strict=True))
+        found = hits(snapshot.bundle, names, scores, ids)
+        if job.min_score is not None:
+            found = [[h for h in row if h.score >= job.min_score] for row in found]
+        answer.results = list(zip(names, found, strict=True))
         return answer
+
+    def same_item_threshold(self) -> float:
+        """The current bundle's calibrated same-item threshold (PactlError: it has none)."""
+        from pactl.calibrate import same_item_threshold
+        from pactl.pipeline import calibration_of
+
+        meta = self.fresh().bundle.meta
+        return same_item_threshold(calibration_of(meta), str(self.config.bundle))[0]
 
     @staticmethod
     def _own_ids(snapshot: Snapshot, own: list[int | str | None]) -> np.ndarray:

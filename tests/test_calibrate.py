@@ -1,0 +1,102 @@
+"""The same-item threshold: a hand-computed case, brute force, the sampled estimate."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from pactl.calibrate import CalibrationConfig, calibrate, read_calibration
+from pactl.errors import PactlError
+
+
+def _at_angles(degrees: list[float]) -> np.ndarray:
+    rad = np.radians(degrees)
+    return np.stack([np.cos(rad), np.sin(rad)], axis=1).astype(np.float32)
+
+
+def test_hand_computed_threshold_and_recall() -> None:
+    # Pairs by cosine: a1a2 cos10 (same), a2b1 cos20, a1b1 cos30, b1b2 cos70 (same), a2b2 cos90,
+    # a1b2 cos100. Precision 1 down to cos10 (1 of 2 positives), then 1/2, 1/3, 2/4 at cos70.
+    vectors = _at_angles([0, 10, 30, 100])
+    labels = np.array(["a", "a", "b", "b"])
+    strict = calibrate(vectors, labels, CalibrationConfig(precision=0.99))
+    assert strict.threshold == pytest.approx(math.cos(math.radians(10)), abs=1e-6)
+    assert strict.recall == 0.5 and strict.measured == 1.0 and strict.exact
+    assert strict.pairs == 6
+    loose = calibrate(vectors, labels, CalibrationConfig(precision=0.5))
+    assert loose.threshold == pytest.approx(math.cos(math.radians(70)), abs=1e-6)
+    assert loose.recall == 1.0 and loose.measured == 0.5
+
+
+def _brute_force(vectors: np.ndarray, labels: np.ndarray, target: float) -> tuple[float, float]:
+    v = vectors.astype(np.float64)
+    pairs = [
+        (float(v[i] @ v[j]), labels[i] == labels[j])
+        for i, j in itertools.combinations(range(len(v)), 2)
+    ]
+    positives = sum(same for _, same in pairs)
+    best: tuple[float, float] | None = None
+    for t, _ in pairs:
+        above = [same for s, same in pairs if s >= t - 1e-7]
+        if sum(above) / len(above) >= target and (best is None or t < best[0]):
+            best = (t, sum(above) / positives)
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("target", [0.99, 0.8, 0.5])
+def test_threshold_matches_brute_force(target: float) -> None:
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 6, size=40)
+    centres = rng.normal(size=(6, 8))
+    vectors = centres[labels] + rng.normal(scale=0.9, size=(40, 8))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    cal = calibrate(vectors, labels, CalibrationConfig(precision=target))
+    threshold, recall = _brute_force(vectors, labels, target)
+    assert cal.threshold == pytest.approx(threshold, abs=1e-5)
+    assert cal.recall == pytest.approx(recall)
+
+
+def test_sampled_estimate_is_close_to_all_pairs() -> None:
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 30, size=1500)
+    centres = rng.normal(size=(30, 16))
+    vectors = centres[labels] + rng.normal(scale=0.8, size=(1500, 16))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    exact = calibrate(vectors, labels, CalibrationConfig(precision=0.95))
+    sampled = calibrate(
+        vectors, labels, CalibrationConfig(precision=0.95, exact_pairs=1000, sample_pairs=200_000)
+    )
+    assert exact.exact and not sampled.exact
+    assert sampled.threshold == pytest.approx(exact.threshold, abs=0.02)
+    assert sampled.recall == pytest.approx(exact.recall, abs=0.03)
+
+
+def test_unreachable_precision_has_no_threshold() -> None:
+    # The closest pair is of two classes: no cut has precision 1.
+    cal = calibrate(_at_angles([0, 1, 50, 60]), np.array([0, 1, 0, 1]), CalibrationConfig(1.0))
+    assert cal.threshold is None and cal.recall == 0.0
+
+
+def test_one_image_per_class_is_refused() -> None:
+    with pytest.raises(PactlError, match="two images of one class"):
+        calibrate(_at_angles([0, 10]), np.array([0, 1]), CalibrationConfig())
+
+
+def test_round_trip_and_other_targets_from_the_curve() -> None:
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 5, size=60)
+    vectors = rng.normal(size=(5, 4))[labels] + rng.normal(scale=0.7, size=(60, 4))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+    cal = calibrate(vectors, labels, CalibrationConfig(precision=0.9))
+    again = read_calibration(cal.to_dict(), "meta.json")
+    assert again.threshold == pytest.approx(cal.threshold) and again.recall == cal.recall
+    loose = calibrate(vectors, labels, CalibrationConfig(precision=0.7))
+    # From the curve's grid: within one step of the threshold measured directly.
+    assert cal.threshold_for(0.7) == pytest.approx(loose.threshold, abs=0.0026)
+    damaged = {**cal.to_dict(), "recall": 3.0}
+    with pytest.raises(PactlError, match="calibration is damaged"):
+        read_calibration(damaged, "meta.json")

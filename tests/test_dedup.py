@@ -1,0 +1,122 @@
+"""Same-item groups against brute force: connected components, strict groups, what to keep."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import unit
+
+from pactl.index import dedup
+from pactl.index.dedup import DedupConfig, Groups, VectorSearcher, find_groups, removable
+
+
+def planted(rng: np.random.Generator, n: int, groups: int, dim: int = 16) -> np.ndarray:
+    """Random unit vectors, the first `groups` of them each copied 1 to 3 times with noise."""
+    base = unit(rng.standard_normal((n, dim)))
+    copies = [base]
+    for g in range(groups):
+        for _ in range(int(rng.integers(1, 4))):
+            copies.append(unit(base[g : g + 1] + 0.05 * rng.standard_normal((1, dim))))
+    x = np.concatenate(copies)
+    return x[rng.permutation(len(x))].astype(np.float32)
+
+
+def brute_components(x: np.ndarray, t: float) -> set[frozenset[int]]:
+    same = (x.astype(np.float64) @ x.T.astype(np.float64)) >= t
+    seen, found = set(), set()
+    for start in range(len(x)):
+        if start in seen:
+            continue
+        group, todo = {start}, [start]
+        while todo:
+            for j in np.flatnonzero(same[todo.pop()]).tolist():
+                if j not in group:
+                    group.add(j)
+                    todo.append(j)
+        seen |= group
+        if len(group) > 1:
+            found.add(frozenset(group))
+    return found
+
+
+def brute_strict(x: np.ndarray, t: float) -> set[frozenset[int]]:
+    same = (x.astype(np.float64) @ x.T.astype(np.float64)) >= t
+    taken: set[int] = set()
+    found = set()
+    for a in range(len(x)):
+        if a in taken:
+            continue
+        group = {a} | {b for b in range(a + 1, len(x)) if same[a, b] and b not in taken}
+        taken |= group
+        if len(group) > 1:
+            found.add(frozenset(group))
+    return found
+
+
+def as_sets(groups: Groups) -> set[frozenset[int]]:
+    return {frozenset(groups.rows[groups.group == g].tolist()) for g in range(1, groups.count + 1)}
+
+
+@pytest.mark.parametrize("t", [0.9, 0.5, 0.3])
+def test_components_match_brute_force(t: float) -> None:
+    x = planted(np.random.default_rng(0), 120, 20)
+    groups = find_groups(VectorSearcher(x), DedupConfig(threshold=t, batch_size=17))
+    assert as_sets(groups) == brute_components(x, t)
+    firsts = groups.rows[np.append(True, groups.group[1:] != groups.group[:-1])]
+    members = [sorted(s) for s in sorted(as_sets(groups), key=min)]
+    assert firsts.tolist() == [m[0] for m in members]  # a group starts with its earliest item
+    expected = np.einsum(
+        "ij,ij->i", x[np.repeat(firsts, np.bincount(groups.group)[1:])], x[groups.rows]
+    )
+    assert groups.score == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("t", [0.5, 0.3])
+def test_strict_groups_match_brute_force(t: float) -> None:
+    x = planted(np.random.default_rng(1), 80, 15)
+    groups = find_groups(VectorSearcher(x), DedupConfig(threshold=t, strict=True, batch_size=9))
+    assert as_sets(groups) == brute_strict(x, t)
+    assert (groups.score >= t - 1e-6).all()  # every member matches its group's first
+
+
+def test_a_chain_is_one_component_but_not_one_strict_group() -> None:
+    angles = np.radians([0.0, 20.0, 40.0])  # neighbours at cos 20 = 0.94, the ends at 0.77
+    x = np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
+    loose = find_groups(VectorSearcher(x), DedupConfig(threshold=0.9))
+    strict = find_groups(VectorSearcher(x), DedupConfig(threshold=0.9, strict=True))
+    assert as_sets(loose) == {frozenset({0, 1, 2})}
+    assert as_sets(strict) == {frozenset({0, 1})}
+
+
+def test_compressed_index_with_rescoring_matches_brute_force(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dedup, "EXACT_MAX_ITEMS", 100)  # the IVF + SQ8 path on a small set
+    x = planted(np.random.default_rng(2), 1500, 100, dim=64)
+    searcher = VectorSearcher(x, nprobe=64)
+    assert searcher.approximate
+    groups = find_groups(searcher, DedupConfig(threshold=0.95))
+    assert as_sets(groups) == brute_components(x, 0.95)
+
+
+@pytest.mark.parametrize("n", [0, 1])
+def test_empty_and_single_image(n: int) -> None:
+    x = unit(np.random.default_rng(0).standard_normal((n, 8))).astype(np.float32)
+    groups = find_groups(VectorSearcher(x), DedupConfig(threshold=0.5))
+    assert groups.count == 0 and len(groups.rows) == 0 and groups.images == n
+
+
+def test_keep_choices() -> None:
+    groups = Groups(
+        rows=np.array([0, 3, 5, 1, 2]),
+        group=np.array([1, 1, 1, 2, 2]),
+        score=np.ones(5, dtype=np.float32),
+        images=6,
+        pairs=4,
+    )
+    sizes = np.array([10, 30, 30, 5, 5])
+    mtimes = np.array([1, 2, 9, 7, 3])
+    kept = lambda keep: groups.rows[~removable(groups, sizes, mtimes, keep)].tolist()  # noqa: E731
+    assert kept("first") == [0, 1]
+    assert kept("largest") == [3, 1]  # a tie (3 and 5) goes to the earlier item
+    assert kept("newest") == [5, 1]
