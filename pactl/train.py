@@ -690,17 +690,22 @@ def fit(
             record_epoch(t, run_dir, row, columns, classes, state, reporter)
         barrier(world)
     if world.is_main:
-        from pactl.report import plot_curves
-
-        with writing_in(run_dir):
-            plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
-        if t.writer is not None:
-            t.writer.close()
-        calibrate_run(t, splits, run_dir, reporter)
+        finish_run(t, splits, run_dir, reporter)
     best = state["best"]
     return TrainResult(
         run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection
     )
+
+
+def finish_run(t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter) -> None:
+    """After the last epoch: curves.png, the TensorBoard file closed, best.pt calibrated."""
+    from pactl.report import plot_curves
+
+    with writing_in(run_dir):
+        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+    if t.writer is not None:
+        t.writer.close()
+    calibrate_run(t, splits, run_dir, reporter)
 
 
 def evaluate_start(
