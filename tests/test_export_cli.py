@@ -71,6 +71,20 @@ def test_qdrant_export_resumes_and_query_gives_the_bundles_top_k(made: Path, mon
         assert max(abs(a[3] - b[3]) for a, b in zip(got, want, strict=True)) < 1e-5
 
 
+def test_the_target_may_be_the_second_argument(made: Path, monkeypatch, capsys) -> None:
+    """`pactl export BUNDLE --to qdrant PATH` writes where `--out PATH` does; both, or neither,
+    is a usage error."""
+    code, out, err = run_cli(["export", "bundle", "--to", "qdrant", "qd2"], monkeypatch, capsys)
+    assert code == 0 and "exported 16 items to Qdrant collection 'pactl' at qd2" in out, err
+    code, out, err = run_cli(["export", "bundle", "qd2", "--to", "qdrant"], monkeypatch, capsys)
+    assert code == 0 and "exported 0 items" in out and "16 there already" in out, err
+    code, _, err = run_cli(["export", "bundle", "--to", "qdrant", "a", "--out", "b"],
+                           monkeypatch, capsys)  # fmt: skip
+    assert code == 2 and "give where to write once: a or --out b" in one_error(err)
+    code, _, err = run_cli(["export", "bundle", "--to", "qdrant"], monkeypatch, capsys)
+    assert code == 2 and "give where to write" in one_error(err)
+
+
 def test_options_of_another_target_are_usage_errors(made: Path, monkeypatch, capsys) -> None:
     code, _, err = run_cli(["export", "vectors", "--to", "parquet", "--out", "x", "--opset", "18"],
                            monkeypatch, capsys)  # fmt: skip

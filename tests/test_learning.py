@@ -100,7 +100,9 @@ def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
     monkeypatch.setattr(train, "save_state", lambda *args: None)  # checkpoint.pt: not this test
     model_cfg = ModelConfig(backbone="small", weights="none", image_size=16, resize_size=16)
     net, model_cfg = build_model(model_cfg)
-    t = SimpleNamespace(cfg=TrainConfig(epochs=4, selection="val"), model=net, model_cfg=model_cfg)
+    t = SimpleNamespace(
+        cfg=TrainConfig(epochs=4, selection="val"), model=net, model_cfg=model_cfg, writer=None
+    )
     columns = train.metric_columns(TrainConfig(eval_ks=(1,)), with_val=True)
 
     def run(folder: Path, val_map: list[float]) -> int:

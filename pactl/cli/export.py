@@ -48,14 +48,20 @@ def export(
         ),
     ],
     to: Annotated[Target, typer.Option("--to", "--format", help="What to write.")],
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            help="Where to write, as for --out (give one of the two).", show_default=False
+        ),
+    ] = None,
     out_to: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--out",
             help="onnx: the .onnx file; parquet: a folder; qdrant: a server's URL "
             "(http://host:6333) or a folder for Qdrant's local mode.",
         ),
-    ],
+    ] = None,
     opset: Annotated[
         int | None,
         typer.Option(min=ONNX_MIN_OPSET, max=ONNX_MAX_OPSET, help="ONNX opset [default: 20]."),
@@ -92,10 +98,12 @@ def export(
       pactl index vectors-parquet/ --out my_index/
       pactl export my_index/ --to qdrant --out http://127.0.0.1:6333
       pactl export my_index/ --to qdrant --out qdrant-local/      # no server
+      pactl export my_index/ --to qdrant qdrant-local/            # the same
       pactl query img.png --index my_index/ --qdrant qdrant-local/
     """
     from pactl import pipeline
 
+    out_to = destination(target, out_to)
     given = {"--opset": opset is not None, "--overwrite": overwrite}
     given |= {"--rows-per-shard": rows_per_shard is not None, "--collection": bool(collection)}
     given["--batch-size"] = batch_size is not None
@@ -105,12 +113,12 @@ def export(
     if to is Target.onnx:
         if not source.is_file():
             raise UsageError(f"--to onnx exports a checkpoint file (best.pt); {source} is not one")
-        target = Path(out_to)
-        check_output(target, "--out", folder=False)
-        check_new_file(target, overwrite, "--out")
-        done: Any = pipeline.export_onnx(source, target, OnnxConfig(opset or ONNX_OPSET), log)
+        onnx_file = Path(out_to)
+        check_output(onnx_file, "--out", folder=False)
+        check_new_file(onnx_file, overwrite, "--out")
+        done: Any = pipeline.export_onnx(source, onnx_file, OnnxConfig(opset or ONNX_OPSET), log)
         line = (
-            f"exported {source} to {target} (opset {done['opset']}, {done['image_size']} px "
+            f"exported {source} to {onnx_file} (opset {done['opset']}, {done['image_size']} px "
             f"-> {done['dimension']}-d; onnxruntime within {1 - done['worst_cosine']:.1e} "
             "cosine of torch)"
         )
@@ -134,6 +142,15 @@ def export(
         )
     with to_stdout():
         out.print(literal(line))
+
+
+def destination(target: str | None, out_to: str | None) -> str:
+    """Where to write: the second argument or --out, exactly one of them."""
+    if target is not None and out_to is not None:
+        raise UsageError(f"give where to write once: {target} or --out {out_to}, not both")
+    if target is None and out_to is None:
+        raise UsageError("give where to write: --out PATH|URL (or as the second argument)")
+    return target if target is not None else str(out_to)
 
 
 def _folder_source(source: Path, to: Target) -> Path:
