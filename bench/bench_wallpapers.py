@@ -226,7 +226,7 @@ def dedup(
 ) -> tuple[dict[str, int], float]:
     """{file name: dedup group} of the grouped files, and the wall time of `pactl dedup`."""
     began = time.perf_counter()
-    command = [*PACTL, "dedup", str(vectors_dir), "--threshold", f"{threshold:.6f}",
+    command = [*PACTL, "dedup", str(vectors_dir), "--threshold", repr(threshold),
                "--format", "csv", *(["--strict"] if strict else [])]  # fmt: skip
     done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True, env=_env(threads))
     seconds = time.perf_counter() - began
@@ -246,19 +246,36 @@ class Scores:
     true_pairs: int
 
 
-def pairs_at(vectors_dir: Path, families: dict[str, str], threshold: float) -> tuple[float, float]:
-    """Precision and recall of the pairs scoring at or above the threshold, without grouping
-    (exact cosines in float64): how the calibration carries over to the test images."""
+@dataclass(frozen=True)
+class Ungrouped:
+    precision: float  # of the test pairs at or above the threshold, the share of one copy group
+    recall: float  # of the copy pairs, the share at or above the threshold
+    by_kind: dict[str, float]  # per kind of copy: the share at or above it with its original
+
+
+def pairs_at(vectors_dir: Path, families: dict[str, str], threshold: float) -> Ungrouped:
+    """The pairs scoring at or above the threshold, without grouping (exact cosines in
+    float64): how the calibration carries over to the test images, kind of copy by kind."""
     from pactl.embed.vectors import read_embedded
 
     vectors, items, _ = read_embedded(vectors_dir)
     x = np.asarray(vectors, dtype=np.float64)
-    labels = np.array([families[Path(p).name] for p in items.paths.tolist()])
+    names = [Path(p).name for p in items.paths.tolist()]
+    labels = np.array([families[n] for n in names])
     upper = np.triu(np.ones((len(x), len(x)), dtype=bool), k=1)
-    above = (x @ x.T >= threshold) & upper
+    cosine = x @ x.T
+    above = (cosine >= threshold) & upper
     same = (labels[:, None] == labels[None, :]) & upper
     both = int((above & same).sum())
-    return both / max(int(above.sum()), 1), both / max(int(same.sum()), 1)
+    row = {n: i for i, n in enumerate(names)}
+    kinds: dict[str, list[bool]] = defaultdict(list)
+    for name, i in row.items():
+        if "~copy" in name:
+            kind = name.rsplit("-", 1)[-1].removesuffix(".jpg")
+            kind = kind if "+" not in kind else f"{kind.count('+') + 1} changes"
+            kinds[kind].append(bool(cosine[i, row[f"{families[name]}.jpg"]] >= threshold))
+    by_kind = {k: sum(v) / len(v) for k, v in sorted(kinds.items())}
+    return Ungrouped(both / max(int(above.sum()), 1), both / max(int(same.sum()), 1), by_kind)
 
 
 def score(families: dict[str, str], groups: dict[str, int]) -> Scores:
@@ -300,9 +317,10 @@ def report(args: argparse.Namespace, cal: Calibration, run: Run) -> None:
         f"calibration images ({cal.classes} originals, {args.calib_groups} copied; "
         f"{cal.pairs:,} pairs; there precision {cal.measured:.4f}, recall {cal.recall:.4f})"
     )
-    print(
-        f"test pairs at or above it, ungrouped: precision {run.raw[0]:.4f}, recall {run.raw[1]:.4f}"
-    )
+    print(f"test pairs at or above it, ungrouped: precision {run.raw.precision:.4f}, "
+          f"recall {run.raw.recall:.4f}")  # fmt: skip
+    kinds = ", ".join(f"{k} {v:.2f}" for k, v in run.raw.by_kind.items())
+    print(f"copies at or above it with their original, by kind: {kinds}")
     print("mode       whole partly missed false-merges pair-precision pair-recall dedup-s")
     for mode, (scores, seconds) in run.modes.items():
         print(f"{mode:<10} {scores.whole:>5} {scores.partly:>6} {scores.missed:>6} "
@@ -319,7 +337,7 @@ def report(args: argparse.Namespace, cal: Calibration, run: Run) -> None:
 class Run:
     calib_images: int
     test_images: int
-    raw: tuple[float, float]  # ungrouped pair precision, recall on the test images
+    raw: Ungrouped  # the test pairs at the threshold before grouping
     modes: dict[str, tuple[Scores, float]]  # connected / strict: scores, dedup seconds
     embed_seconds: float
     total_seconds: float
