@@ -34,6 +34,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -119,7 +120,7 @@ def skimage_photos() -> list[Original]:
 
 def make_copy(image: Image.Image, rng: random.Random, kinds: list[str]) -> tuple[Image.Image, int]:
     """A copy of `image` through the given kinds of change; returns it and a JPEG quality
-    (0: saved losslessly)."""
+    (0: saved at quality 95)."""
     out, quality = image, 0
     if "crop" in kinds:
         w, h = out.size
@@ -205,8 +206,6 @@ def embed(folder: Path, out: Path, threads: int) -> float:
 
 
 def _env(threads: int) -> dict[str, str]:
-    import os
-
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
