@@ -29,8 +29,6 @@ import http.client
 import json
 import selectors
 import socket
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -39,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from bench.bench_query_load import ensure_bundle, make_checkpoint, write_queries
-from bench.bench_serve import K, free_port, multipart
+from bench.bench_serve import K, free_port, multipart, start_service
 from pactl.console import Reporter, err
 
 SLOW_START = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
@@ -59,24 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.n, args.queries = 5_000, 100
     return args
-
-
-def start_service(bundle: Path, port: int) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "pactl", "serve", str(bundle), "--port", str(port)]
-    process = subprocess.Popen([*command, "--quiet"], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"pactl serve exited {process.returncode}")
-        try:
-            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            connection.request("GET", "/health")
-            if connection.getresponse().status == 200:
-                return process
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise SystemExit("pactl serve did not answer within 300 s")
 
 
 class Slowloris(threading.Thread):
