@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -196,3 +198,16 @@ def faiss_one_thread() -> Iterator[None]:
     faiss.omp_set_num_threads(1)
     yield
     faiss.omp_set_num_threads(before)
+
+
+@contextmanager
+def read_only_mount(mount_args: list[str], where: Path, what: str) -> Iterator[Path]:
+    """`mount MOUNT_ARGS WHERE` for the block (read-only mounts: EROFS stops root too, where
+    chmod does not), skipping the test where this machine cannot mount (`what` says which)."""
+    done = subprocess.run(["mount", *mount_args, str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot {what} here ({done.stderr.decode().strip()[:80]})")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_class_folder, one_error, run_cli
+from conftest import make_class_folder, one_error, read_only_mount, run_cli
 from test_hostile_cli import tiny_bundle
 
 from pactl import checkpoint as ckpt
@@ -54,15 +53,8 @@ def read_only_bundle(
     (bundle / ".pactl-lock").unlink()  # the build's writer left it; a read must not make one
     seen = tmp_path / "served" / "bundle"
     seen.mkdir(parents=True)
-    done = subprocess.run(
-        ["mount", "--bind", "-o", "ro", str(bundle), str(seen)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot bind-mount read-only here ({done.stderr.decode().strip()[:80]})")
-    try:
+    with read_only_mount(["--bind", "-o", "ro", str(bundle)], seen, "bind-mount read-only"):
         yield seen
-    finally:
-        subprocess.run(["umount", "-l", str(seen)], capture_output=True)
 
 
 def test_writes_to_a_read_only_bundle_are_one_line(

@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TINY, fill, make_class_folder, one_error, read_csv, run_cli, train_tiny
+from conftest import (
+    TINY,
+    fill,
+    make_class_folder,
+    one_error,
+    read_csv,
+    read_only_mount,
+    run_cli,
+    train_tiny,
+)
 
 from pactl import checkpoint as ckpt
 
@@ -358,15 +367,10 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
     """A read-only tmpfs: writes fail with EROFS for root too (root ignores chmod 555)."""
     folder = tmp_path / "ro"
     folder.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here ({done.stderr.decode().strip()[:80]})")
-    try:
+    with read_only_mount(
+        ["-t", "tmpfs", "-o", "ro,size=1m", "tmpfs"], folder, "mount a read-only tmpfs"
+    ):
         yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def output_cases(
