@@ -176,18 +176,12 @@ def jpeg_bytes(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) ->
     another format (for load_image). The same checks as load_image come first: a regular,
     non-empty file whose header's pixel count is within `max_pixels`, read before any pixel
     data is decoded. Raises ImageError like load_image."""
-    with _image_errors(path), _open_regular(path) as fh:
-        if os.fstat(fh.fileno()).st_size == 0:
-            raise ImageError(path, "file is empty (0 bytes)")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(fh)  # reads the header only
-        with img:
-            if img.format != "JPEG" or img.mode not in _GPU_JPEG_MODES:
-                return None
-            _check_pixels(path, img.size, max_pixels)
-            if img.getexif().get(_ORIENTATION, 1) != 1:
-                return None  # nvJPEG does not turn it upright; PIL does
+    with _header(path) as (fh, img):
+        if img.format != "JPEG" or img.mode not in _GPU_JPEG_MODES:
+            return None
+        _check_pixels(path, img.size, max_pixels)
+        if img.getexif().get(_ORIENTATION, 1) != 1:
+            return None  # nvJPEG does not turn it upright; PIL does
         fh.seek(0)
         data = fh.read()
     # A file cut short may decode on the GPU into a half-grey picture: PIL says it is truncated.
@@ -198,6 +192,15 @@ def check_header(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) 
     """What can be told of `path` without decoding its pixels: a regular, non-empty file whose
     header PIL reads, with a pixel count within `max_pixels`, whose structure PIL's verify()
     accepts (chunk checksums of a PNG, for one). Raises ImageError like load_image."""
+    with _header(path) as (_, img):
+        _check_pixels(path, img.size, max_pixels)
+        img.verify()
+
+
+@contextmanager
+def _header(path: Path | str) -> Iterator[tuple[BinaryIO, Image.Image]]:
+    """A regular, non-empty file and its image with only the header read, errors as
+    ImageError: what jpeg_bytes and check_header look at before any pixel is decoded."""
     with _image_errors(path), _open_regular(path) as fh:
         if os.fstat(fh.fileno()).st_size == 0:
             raise ImageError(path, "file is empty (0 bytes)")
@@ -205,8 +208,7 @@ def check_header(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) 
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             img = Image.open(fh)  # reads the header only
         with img:
-            _check_pixels(path, img.size, max_pixels)
-            img.verify()
+            yield fh, img
 
 
 def unreadable_images(
