@@ -1,9 +1,5 @@
 """What every backbone shares: the Backbone record, and reading a weights file into a network.
 
-A backbone maps images (B, 3, H, W) to a feature map (B, C, h, w); the embedding head
-(pactl.model) pools it. Preprocessing (mean/std, interpolation, crop fraction) travels with the
-model in ModelConfig.
-
 `--weights` means the same for every backbone: `none` (random initialisation), `imagenet` (the
 published ImageNet weights, fetched once into a cache) or a PATH to a state_dict file, loaded
 into the whole network before its classifier is cut off, with every backbone key matched.
