@@ -38,6 +38,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 60  # passes over the training split
+    time_budget: float = 0.0  # seconds the run may take, epochs fitted to it (pactl.budget); 0: off
     batch_size: int = 180  # images per optimiser step (global, across all processes)
     lr: float = 1e-4  # AdamW learning rate of the network
     weight_decay: float = 1e-4  # AdamW weight decay
@@ -325,6 +326,7 @@ MODEL_RULES: dict[str, Rule] = {
 
 TRAIN_RULES: dict[str, Rule] = {
     "epochs": integer(1, MAX_EPOCHS),
+    "time_budget": number(0, 365 * 86400),
     "batch_size": integer(2, MAX_BATCH_SIZE),  # a step needs two images to compare
     "lr": number(0, 10, above=True),
     "weight_decay": number(0, 10),

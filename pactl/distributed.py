@@ -94,6 +94,16 @@ def share_sizes(rows: int, world: World, device: torch.device) -> list[int]:
     return [int(n) for n in every]
 
 
+def agree(world: World, values: list[float]) -> list[float]:
+    """The first process's `values` on every process (all processes call it together): so that
+    decisions made from timings, which differ between processes, are the same everywhere."""
+    if not world.enabled:
+        return values
+    box: list[Any] = [values]
+    dist.broadcast_object_list(box, src=0)
+    return [float(v) for v in box[0]]
+
+
 def barrier(world: World) -> None:
     if world.enabled:
         dist.barrier()

@@ -24,7 +24,7 @@ from pactl import checkpoint as ckpt
 from pactl.config import ModelConfig, TrainConfig, read_config, to_dict, weights_words
 from pactl.console import QUIET, Reporter, counted
 from pactl.datasets import Manifest
-from pactl.distributed import World, barrier, gather_batch, init_world, share_sizes
+from pactl.distributed import World, agree, barrier, gather_batch, init_world, share_sizes
 from pactl.embed import embed_files
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text, make_folder
@@ -168,9 +168,7 @@ def build_trainer(
     optimizer = torch.optim.AdamW(
         param_groups(net, criterion, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.StepLR(
-        optimizer, step_size=max(cfg.lr_decay_step, 1), gamma=cfg.lr_decay_gamma
-    )
+    scheduler = make_scheduler(optimizer, cfg)
     model: nn.Module = net
     if world.enabled and cfg.sync_bn:
         # Each GPU sees its share of the batch: BatchNorm that trains should see all of it.
@@ -185,6 +183,15 @@ def build_trainer(
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
     return Trainer(
         model, net, criterion, optimizer, scheduler, scaler, device, world, cfg, model_cfg
+    )
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Step decay, stepped once an epoch (describe_schedule says it in words)."""
+    return torch.optim.lr_scheduler.StepLR(
+        optimizer, step_size=max(cfg.lr_decay_step, 1), gamma=cfg.lr_decay_gamma
     )
 
 
@@ -639,7 +646,9 @@ def fit(
     resume: bool = False,
 ) -> TrainResult:
     """Train on the train split; evaluate before the first step (epoch 0) and after each epoch
-    on the validation classes (which choose best.pt) and the test classes."""
+    on the validation classes (which choose best.pt) and the test classes. With a time budget
+    (not on resume: the plan made at the start stands), epochs are fitted to it after epoch 0."""
+    began = time.perf_counter()
     world = init_world(cfg.device)
     if cfg.batch_size % world.size:
         raise PactlError(
@@ -662,39 +671,125 @@ def fit(
     if cfg.tensorboard and world.is_main:
         t.writer = tensorboard_writer(run_dir)
     state: dict[str, Any] = {"best": {"epoch": -1, "metrics": {}}, "last": {}, "start": {}}
-    start = 0
+    start, reserve = 0, 0.0
     columns = metric_columns(cfg, with_val=len(splits.val) > 0)
     if resume:
         start, state = restore_state(t, run_dir)
         truncate_metrics(run_dir / "metrics.csv", start)
         reporter.log(f"resuming {run_dir} after epoch {start}")
-    if world.is_main:  # on resume too: config.json says what the run is doing now (--epochs)
-        info = run_config(source, manifest, t.model_cfg, cfg, classes)
-        with writing_in(run_dir):
-            atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
-            write_provenance(t, run_dir, info, manifest, resume)
+    write_run_files(t, run_dir, source, manifest, classes, resume)
     if not resume:
-        evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
-    for epoch in range(start, cfg.epochs):
-        began = time.perf_counter()
-        lr = t.optimizer.param_groups[0]["lr"]
-        loss = train_one_epoch(t, train_loader(splits.train, labels, t, epoch), epoch, reporter)
-        row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss, "lr": lr}
-        last = epoch + 1 == cfg.epochs
-        if world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):
-            nmi = last or len(np.unique(splits.test.labels)) <= 1000
-            row.update(evaluate_epoch(t, splits, reporter, nmi))
-        row["seconds"] = time.perf_counter() - began
-        if world.is_main:
-            state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
-            record_epoch(t, run_dir, row, columns, classes, state, reporter)
-        barrier(world)
+        reserve, estimate = evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
+        if cfg.time_budget:
+            fit_to_budget(t, time.perf_counter() - began, reserve, estimate, reporter)
+            write_run_files(t, run_dir, source, manifest, classes, resume)
+    for epoch in range(start, t.cfg.epochs):
+        seconds = train_epoch(t, splits, labels, epoch, run_dir, columns, classes, state, reporter)
+        elapsed = time.perf_counter() - began
+        if not resume and over_budget(t, elapsed, seconds, reserve, epoch, reporter):
+            t.cfg = dataclasses.replace(t.cfg, epochs=epoch + 1)
+            write_run_files(t, run_dir, source, manifest, classes, resume)
+            break
     if world.is_main:
         finish_run(t, splits, run_dir, reporter)
     best = state["best"]
     return TrainResult(
-        run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), cfg.selection
+        run_dir, int(best["epoch"]), dict(best["metrics"]), dict(state["last"]), t.cfg.selection
     )
+
+
+def train_epoch(
+    t: Trainer,
+    splits: Splits,
+    labels: np.ndarray,
+    epoch: int,
+    run_dir: Path,
+    columns: list[str],
+    classes: list[str],
+    state: dict[str, Any],
+    reporter: Reporter,
+) -> float:
+    """One epoch: its steps, its evaluation (on schedule), its row, best.pt and checkpoint.pt.
+    Returns its seconds."""
+    cfg = t.cfg
+    began = time.perf_counter()
+    lr = t.optimizer.param_groups[0]["lr"]
+    loss = train_one_epoch(t, train_loader(splits.train, labels, t, epoch), epoch, reporter)
+    row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss, "lr": lr}
+    last = epoch + 1 == cfg.epochs
+    if t.world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):
+        nmi = last or len(np.unique(splits.test.labels)) <= 1000
+        row.update(evaluate_epoch(t, splits, reporter, nmi))
+    row["seconds"] = time.perf_counter() - began
+    if t.world.is_main:
+        state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
+        record_epoch(t, run_dir, row, columns, classes, state, reporter)
+    barrier(t.world)
+    return float(row["seconds"])
+
+
+def write_run_files(
+    t: Trainer, run_dir: Path, source: str, manifest: Manifest, classes: list[str], resume: bool
+) -> None:
+    """config.json (what the run is doing now: --epochs on resume, a time budget's plan) and
+    provenance.json; by the first process only."""
+    if not t.world.is_main:
+        return
+    info = run_config(source, manifest, t.model_cfg, t.cfg, classes)
+    with writing_in(run_dir):
+        atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
+        write_provenance(t, run_dir, info, manifest, resume)
+
+
+def fit_to_budget(
+    t: Trainer, elapsed: float, eval_seconds: float, estimate: float | None, reporter: Reporter
+) -> None:
+    """The epochs, decay step and warm-up of pactl.budget's plan, in t.cfg and its scheduler
+    (every process takes the first one's measurements, so all plan alike)."""
+    from pactl import budget
+
+    cfg = t.cfg
+    elapsed, per_epoch = agree(t.world, [elapsed, eval_seconds if estimate is None else estimate])
+    chosen = budget.plan(
+        cfg.time_budget, elapsed, per_epoch, eval_seconds,
+        cfg.epochs, cfg.lr_decay_step, cfg.warmup_epochs,
+    )  # fmt: skip
+    t.cfg = dataclasses.replace(
+        cfg,
+        epochs=chosen.epochs,
+        lr_decay_step=chosen.lr_decay_step,
+        warmup_epochs=chosen.warmup_epochs,
+    )
+    t.scheduler = make_scheduler(t.optimizer, t.cfg)
+    reporter.log(
+        f"time budget {budget.shown(cfg.time_budget)}: {budget.shown(elapsed)} spent, about "
+        f"{budget.shown(per_epoch)} per epoch: {counted(chosen.epochs, 'epoch')}, "
+        + describe_schedule(t.cfg).removeprefix("schedule: ")
+    )
+    if not chosen.fits:
+        reporter.warn(
+            f"the time budget ({budget.shown(cfg.time_budget)}) leaves less than one epoch "
+            f"(about {budget.shown(per_epoch)}) after epoch 0: training one epoch anyway"
+        )
+
+
+def over_budget(
+    t: Trainer, elapsed: float, last: float, reserve: float, epoch: int, reporter: Reporter
+) -> bool:
+    """Whether a time-budgeted run stops after `epoch` (0-based) because one more epoch as long
+    as this one would end past its budget; the first process decides for all."""
+    from pactl import budget
+
+    if not t.cfg.time_budget or epoch + 1 >= t.cfg.epochs:
+        return False
+    late = budget.stop_early(t.cfg.time_budget, elapsed, last, reserve)
+    if not agree(t.world, [float(late)])[0]:
+        return False
+    reporter.warn(
+        f"stopping after epoch {epoch + 1} of {t.cfg.epochs}: one more epoch (about "
+        f"{budget.shown(last)}) would end past the {budget.shown(t.cfg.time_budget)} budget"
+    )
+    return True
 
 
 def finish_run(t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter) -> None:
@@ -716,9 +811,9 @@ def evaluate_start(
     classes: list[str],
     state: dict[str, Any],
     reporter: Reporter,
-) -> None:
+) -> tuple[float, float | None]:
     """Epoch 0: the network before its first step, the start every later epoch is compared
-    with; then an estimate of an epoch's duration."""
+    with; then an estimate of an epoch's duration. Returns (epoch 0's seconds, the estimate)."""
     if t.model_cfg.weights == "none" and not t.cfg.freeze_bn:
         calibrate_batchnorm(t, splits.train)
     began = time.perf_counter()
@@ -730,9 +825,8 @@ def evaluate_start(
     if t.world.is_main:
         state["start"] = state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
         record_epoch(t, run_dir, row, columns, classes, state, reporter)
-        reporter.log(
-            f"about {estimate} per epoch (one timed step with its decoding, and evaluation)"
-        )
+        about = "?" if estimate is None else _duration(estimate)
+        reporter.log(f"about {about} per epoch (a timed step with its decoding, and evaluation)")
         if row.get("val_recall@1") == 1.0 and row.get("val_map@r") == 1.0:
             reporter.warn(
                 "the validation classes are all retrieved before training (Recall@1 and MAP@R "
@@ -740,6 +834,7 @@ def evaluate_start(
                 "out more classes with --val-classes"
             )
     barrier(t.world)
+    return row["seconds"], estimate
 
 
 def calibrate_batchnorm(t: Trainer, train: Manifest, batches: int = 8) -> None:
@@ -800,6 +895,20 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
         "what the backbone's weights were evaluated with",
         describe_optimiser(cfg),
         describe_schedule(cfg),
+        *describe_budget(cfg),
+    ]
+
+
+def describe_budget(cfg: TrainConfig) -> list[str]:
+    from pactl.budget import shown
+
+    if not cfg.time_budget:
+        return []
+    return [
+        f"time budget {shown(cfg.time_budget)}: after epoch 0, the epochs are fitted to it from "
+        "the measured step and evaluation times, the decay step and warm-up scaled from the "
+        "schedule above (its shape, not its length); the run stops early if an epoch would "
+        "end past it"
     ]
 
 
@@ -878,10 +987,12 @@ def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) ->
     return scores
 
 
-def estimate_epoch(t: Trainer, train: Manifest, num_classes: int, eval_seconds: float) -> str:
-    """A training epoch's duration from one timed step (decoding and augmenting a batch of
-    training images, as the workers share it, then forward and backward; BatchNorm statistics
-    restored, no optimiser step) plus evaluation."""
+def estimate_epoch(
+    t: Trainer, train: Manifest, num_classes: int, eval_seconds: float
+) -> float | None:
+    """Seconds of a training epoch from a timed step (decoding and augmenting a batch of
+    training images, as the workers share it, then forward and backward, the faster of two;
+    BatchNorm statistics restored, no optimiser step) plus evaluation."""
     files = train.files()[: t.cfg.batch_size // t.world.size]
     began = time.perf_counter()
     loader = loader_for(
@@ -890,18 +1001,21 @@ def estimate_epoch(t: Trainer, train: Manifest, num_classes: int, eval_seconds: 
     batch = next(iter(loader))
     decoding = time.perf_counter() - began
     if len(batch.indices) < 2:
-        return "? s"
+        return None
     buffers = {k: v.clone() for k, v in t.net.named_buffers()}
     images = on_device(t, batch.images)
     labels = torch.arange(len(images), device=t.device) % num_classes
     t.net.train()  # the bare network: no DDP collective on a step only this process takes
     if t.cfg.freeze_bn:
         freeze_batchnorm(t.net.backbone)
-    began = time.perf_counter()
-    with autocast(t.device, t.cfg.amp):
-        embeddings = t.net(images)
-    t.criterion(embeddings, labels).backward()
-    step = time.perf_counter() - began
+    timed = []
+    for _ in range(2):  # the second step, warm (the first pays for allocations and kernels)
+        began = time.perf_counter()
+        with autocast(t.device, t.cfg.amp):
+            embeddings = t.net(images)
+        t.criterion(embeddings, labels).backward()
+        timed.append(time.perf_counter() - began)
+    step = min(timed)
     # Workers decode the next batches while the network steps; without them, one after the other.
     workers = t.cfg.workers
     step = max(step, decoding / workers) if workers else step + decoding
@@ -911,7 +1025,7 @@ def estimate_epoch(t: Trainer, train: Manifest, num_classes: int, eval_seconds: 
         for name, value in t.net.named_buffers():
             value.copy_(buffers[name])
     steps = len(train) // t.cfg.batch_size
-    return _duration(steps * step + eval_seconds)
+    return steps * step + eval_seconds
 
 
 def _duration(seconds: float) -> str:

@@ -75,6 +75,15 @@ def train(
         ),
     ] = None,
     epochs: Annotated[int | None, typer.Option(min=1, help="Epochs to train.")] = None,
+    time_budget: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DURATION",
+            help="Fit the epochs (and the lr decay, in proportion) to this wall-clock budget "
+            "from the run's measured step and evaluation times: 15m, 900s, 1.5h. Not with "
+            "--epochs.",
+        ),
+    ] = None,
     batch_size: Annotated[
         int | None, typer.Option(min=2, help="Global batch size (2 at least: pairs to compare).")
     ] = None,
@@ -201,11 +210,13 @@ def train(
       pactl train digits                # about 11 s on 2 CPU cores
       pactl train cars196               # the paper's recipe (float32), on the GPU
       pactl train my_photos/ --weights lite0.pth   # a state_dict file
+      pactl train my_photos/ --time-budget 15m     # epochs fitted to 15 minutes
       torchrun --nproc-per-node 4 -m pactl train sop
       pactl train --resume latest
     """
     given = {k: v for k, v in locals().items() if k in RESUME_REFUSES and v is not None}
     log = reporter(quiet)
+    budget = checked_budget(time_budget, epochs)
     if name is not None:
         check_run_name(name)
     check_option("--device", device, TRAIN_RULES["device"])
@@ -220,6 +231,7 @@ def train(
         cfg = override(
             chosen.train,
             epochs=epochs,
+            time_budget=budget,
             batch_size=batch_size,
             lr=lr,
             weight_decay=weight_decay,
@@ -277,6 +289,20 @@ def resumed(
         override(cfg, epochs=epochs, device=device, workers=workers), option_name, UsageError
     )
     return run, source, model_cfg, cfg
+
+
+def checked_budget(text: str | None, epochs: int | None) -> float | None:
+    """--time-budget in seconds; a budget chooses the epochs, so not with --epochs."""
+    from pactl.budget import parse_duration
+
+    if text is None:
+        return None
+    if epochs is not None:
+        raise UsageError("give --epochs or --time-budget, not both (the budget chooses epochs)")
+    try:
+        return parse_duration(text)
+    except UsageError as e:
+        raise UsageError(f"--time-budget {e}") from None
 
 
 def checked_source(source: str | None, preset: str | None) -> str:
@@ -399,7 +425,7 @@ RESUME_REFUSES = {
     "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss", "warmup_epochs",
     "lr_decay_step", "lr_decay_gamma", "freeze_bn", "sync_bn", "val_classes", "augment",
     "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links", "name",
-    "pooling", "seeds", "tensorboard",
+    "pooling", "seeds", "tensorboard", "time_budget",
 }  # fmt: skip
 
 

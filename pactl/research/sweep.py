@@ -81,6 +81,10 @@ def field_types() -> dict[str, Any]:
 
 def convert(key: str, text: str) -> Any:
     """`text` as a value of the setting `key` (int, float, bool, string, or a K list `1,2,4`)."""
+    if key == "time_budget":  # 15m, as train's --time-budget takes it
+        from pactl.budget import parse_duration
+
+        return parse_duration(text)
     kind = field_types()[key]
     args = set(typing.get_args(kind)) - {type(None)}
     base = next(iter(args)) if args else kind
@@ -321,7 +325,7 @@ def run_point(
 ) -> dict[str, float]:
     """One point and seed: read back when finished, resumed from its checkpoint, or trained.
     Busy when another process is training it."""
-    from pactl.train import fit, prepare_run_dir
+    from pactl.train import fit, prepare_run_dir, resumed_configs
 
     run, lock = folder / "points" / name, folder / "locks" / name
     make_folder(lock)
@@ -332,6 +336,8 @@ def run_point(
         resume = (run / "checkpoint.pt").is_file()
         reporter.log(f"{name}: {'resuming' if resume else 'training'}")
         prepare_run_dir(run, resume=resume, overwrite=not resume)
+        if resume:  # the run's own settings: a time budget's plan is in them
+            configs = resumed_configs(run)[1:]
         return fit(source, manifest, *configs, run, reporter, resume=resume).best_metrics
 
 

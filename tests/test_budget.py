@@ -1,0 +1,139 @@
+"""--time-budget: durations, the plan against hand-computed cases, and a budgeted run against a
+plain run with the schedule the plan chose."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from conftest import TINY, make_class_folder, run_cli
+
+from pactl import budget
+from pactl.errors import UsageError
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("15m", 900), ("900", 900), ("90s", 90), ("1.5h", 5400), ("1h30m", 5400), (" 2 min ", 120)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert budget.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "m", "15x", "-5m", "0s", "15m junk", "1e3"])
+def test_bad_durations(text: str) -> None:
+    with pytest.raises(UsageError):
+        budget.parse_duration(text)
+
+
+def test_plan_by_hand() -> None:
+    # 900 s budget, 100 s spent, 20 s kept for the end: 780 s hold 15 epochs of 50 s; the
+    # recipe (8 epochs, decay every 4) decays at half the run: round(7.5) = 8.
+    chosen = budget.plan(900, 100, 50, 20, 8, 4, 1)
+    assert (chosen.epochs, chosen.lr_decay_step, chosen.warmup_epochs) == (15, 8, 1)
+    assert chosen.fits and chosen.available == 780
+    # 60 s left for 70 s epochs: one epoch anyway, and it trains everything (no warm-up).
+    short = budget.plan(200, 120, 70, 20, 8, 4, 1)
+    assert (short.epochs, short.lr_decay_step, short.warmup_epochs, short.fits) == (1, 1, 0, False)
+    # a tiny set under a long budget stops at MAX_BUDGET_EPOCHS
+    assert budget.plan(1e6, 0, 0.01, 0, 8, 4, 0).epochs == budget.MAX_BUDGET_EPOCHS
+
+
+def test_stop_early_by_hand() -> None:
+    # 900 s budget: 700 s spent, epochs of 150 s, 20 s reserve: 870 <= 927 goes on; 200 s
+    # epochs: 920 <= 927 goes on; 220 s: 940 > 927 stops.
+    assert not budget.stop_early(900, 700, 150, 20)
+    assert not budget.stop_early(900, 700, 200, 20)
+    assert budget.stop_early(900, 700, 220, 20)
+
+
+def rows(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv", newline="") as f:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]
+
+
+def train_config(run: Path) -> dict[str, object]:
+    return json.loads((run / "config.json").read_bytes())["train_config"]  # type: ignore[no-any-return]
+
+
+def tiny(tmp_path: Path, monkeypatch, capsys, *extra: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    args = ["train", str(tmp_path / "imgs"), *TINY, "--warmup-epochs", "1", "--quiet", *extra]
+    return run_cli(args, monkeypatch, capsys)
+
+
+def test_budget_fits_the_schedule_as_a_plain_run_would_have_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An epoch estimated at 300,000 s under a budget of 1,000,000 s: 3 epochs (whatever the few
+    seconds spent), the CPU recipe's decay at half the run (round(1.5) = 2) and its warm-up
+    epoch kept. The run is then the same as one asked for those settings."""
+    import pactl.train
+
+    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: 300_000.0)
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    code, _, err = tiny(tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--name", "b")
+    assert code == 0, err
+    code, _, err = tiny(
+        tmp_path, monkeypatch, capsys, "--epochs", "3", "--lr-decay-step", "2", "--name", "p"
+    )
+    assert code == 0, err
+    runs = tmp_path / "runs"
+    planned = train_config(runs / "b")
+    assert (planned["epochs"], planned["lr_decay_step"], planned["warmup_epochs"]) == (3, 2, 1)
+    assert planned["time_budget"] == 1e6
+    assert rows(runs / "b") == rows(runs / "p")
+    assert [r["lr"] for r in rows(runs / "b")] == ["", "0.001", "0.001", "0.0005"]
+
+
+def test_a_run_past_its_budget_stops_and_says_how_many_epochs_it_trained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pactl.train
+    from pactl.research.sweep import finished
+
+    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: 300_000.0)
+    calls: list[float] = []
+
+    def late(*args: float) -> bool:  # the first epoch's check: the machine got slower
+        calls.append(args[2])
+        return True
+
+    monkeypatch.setattr(budget, "stop_early", late)
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    code, _, err = tiny(tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--name", "b")
+    assert code == 0, err
+    run = tmp_path / "runs" / "b"
+    assert len(calls) == 1 and calls[0] > 0  # checked once, with epoch 1's measured seconds
+    assert train_config(run)["epochs"] == 1
+    assert [r["epoch"] for r in rows(run)] == ["0", "1"]
+    assert finished(run)  # a sweep reads the point back instead of training it again
+
+
+def test_time_budget_refusals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=2)
+    code, _, err = tiny(tmp_path, monkeypatch, capsys, "--time-budget", "5m", "--epochs", "3")
+    assert code == 2 and "--epochs or --time-budget" in err
+    code, _, err = tiny(tmp_path, monkeypatch, capsys, "--time-budget", "soon")
+    assert code == 2 and "--time-budget 'soon' is not a duration" in err
+
+
+def test_print_config_names_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=2)
+    code, out, err = tiny(tmp_path, monkeypatch, capsys, "--time-budget", "15m", "--print-config")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["train"]["time_budget"] == 900
+    assert any(line.startswith("time budget 15 min: after epoch 0") for line in shown["why"])
+
+
+def test_sweep_takes_a_budget_as_train_does() -> None:
+    from pactl.research.sweep import parse_setting
+
+    assert parse_setting("time_budget=15m", many=False) == ("time_budget", 900.0)
+    assert parse_setting("time-budget=5m,10m", many=True) == ("time_budget", (300.0, 600.0))
