@@ -77,6 +77,37 @@ def test_seeds_fold_into_hand_computed_mean_and_std(runs: Path) -> None:
     assert "seed" not in frame.columns and "epochs" in frame.columns  # epochs differ: a setting
 
 
+def test_metrics_after_given_epochs(runs: Path) -> None:
+    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([runs])])
+    frame = cmp.summary(groups, at=(1, 2)).set_index("run")
+    a, b = frame.loc["a"], frame.loc["b"]
+    # a after epoch 1: Recall@1 0.5 and 0.4 (mean 0.45, std sqrt(2 * 0.05^2)), MAP@R 0.2, 0.3.
+    assert a["recall@1 at 1 mean"] == pytest.approx(0.45)
+    assert a["recall@1 at 1 std"] == pytest.approx(math.sqrt(0.005))
+    assert a["map@r at 1 mean"] == pytest.approx(0.25)
+    assert a["map@r at 2 mean"] == pytest.approx(0.25)  # 0.3 and 0.2
+    # b reached epoch 1 only, without MAP@R
+    assert b["recall@1 at 1 mean"] == pytest.approx(0.4) and math.isnan(b["recall@1 at 2 mean"])
+    assert math.isnan(b["map@r at 1 mean"])
+
+
+def test_at_epochs_option(
+    runs: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import run_cli
+
+    code, out, err = run_cli(
+        ["compare", str(runs), "--format", "csv", "--at-epochs", "0,2"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    row = next(csv.DictReader(out.splitlines()))
+    assert float(row["recall@1 at 0 mean"]) == pytest.approx(0.25)
+    assert float(row["recall@1 at 2 mean"]) == pytest.approx(0.7)
+    for bad in ("1,x", "1,1", "-1"):
+        code, _, err = run_cli(["compare", str(runs), "--at-epochs", bad], monkeypatch, capsys)
+        assert code == 2 and "--at-epochs" in err
+
+
 def test_formats_and_files(runs: Path, tmp_path: Path) -> None:
     result = cmp.compare([runs], "csv", out=tmp_path / "cmp")
     table = list(csv.DictReader(result.text.splitlines()))

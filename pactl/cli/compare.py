@@ -10,7 +10,8 @@ from typing import Annotated
 import typer
 
 from pactl.cli.options import check_output, to_stdout
-from pactl.console import err, literal
+from pactl.console import err, literal, quoted
+from pactl.errors import UsageError
 
 
 class CompareFormat(str, Enum):
@@ -38,6 +39,14 @@ def compare(
     fmt: Annotated[
         CompareFormat, typer.Option("--format", help="How stdout shows the table.")
     ] = CompareFormat.table,
+    at_epochs: Annotated[
+        str | None,
+        typer.Option(
+            metavar="E,E...",
+            help="Also Recall@1 and MAP@R after these epochs (1,2,5): how fast each recipe "
+            "gets there.",
+        ),
+    ] = None,
 ) -> None:
     """One row per recipe: loss, backbone, the settings that differ, best and last Recall@K and
     MAP@R on the test classes, the best epoch and the split that chose it, epochs and seconds.
@@ -51,14 +60,28 @@ def compare(
     \b
       pactl compare runs/cub-pa-s0 runs/cub-pa-s1 runs/cub-nca
       pactl compare runs/ --out study/ --format markdown
+      pactl compare runs/sweep-fonts/points --at-epochs 1,2,5
     """
     from pactl.research.compare import compare as compare_runs
 
     if out is not None:
         check_output(out, "--out", folder=True)
-    result = compare_runs(list(runs), fmt.value, out)
+    result = compare_runs(list(runs), fmt.value, out, epochs_given(at_epochs))
     with to_stdout():
         sys.stdout.write(result.text)
         sys.stdout.flush()
     for path in result.written:
         err.print(literal(f"wrote {path}"))
+
+
+def epochs_given(text: str | None) -> tuple[int, ...]:
+    """--at-epochs 1,2,5 -> (1, 2, 5): whole epochs from 0, each once."""
+    if text is None:
+        return ()
+    try:
+        epochs = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--at-epochs {quoted(text)}: give epochs such as 1,2,5") from None
+    if any(e < 0 for e in epochs) or len(set(epochs)) != len(epochs):
+        raise UsageError(f"--at-epochs {quoted(text)}: epochs from 0, each once")
+    return epochs

@@ -154,9 +154,10 @@ def _key(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
-def run_numbers(run: Run, ks: list[int]) -> dict[str, float]:
-    """Best (the epoch best.pt holds) and last Recall@K and MAP@R on the test classes, the best
-    epoch, epochs done and seconds spent (every epoch's, epoch 0's evaluation included)."""
+def run_numbers(run: Run, ks: list[int], at: tuple[int, ...] = ()) -> dict[str, float]:
+    """Best (the epoch best.pt holds) and last Recall@K and MAP@R on the test classes, Recall@1
+    and MAP@R after each epoch of `at` (NaN where the run has not reached or evaluated it), the
+    best epoch, epochs done and seconds spent (every epoch's, epoch 0's evaluation included)."""
     frame = run.metrics
     numbers: dict[str, float] = {"epochs done": float(run.epochs_done)}
     if frame.empty:
@@ -166,6 +167,10 @@ def run_numbers(run: Run, ks: list[int]) -> dict[str, float]:
     for column in [f"recall@{k}" for k in ks] + ["map@r"]:
         numbers[f"best {column}"] = _get(best, column) if best is not None else math.nan
         numbers[f"last {column}"] = _get(last, column)
+    for epoch in at:
+        row = frame.loc[frame["epoch"] == epoch]
+        for column in ("recall@1", "map@r"):
+            numbers[f"{column} at {epoch}"] = _get(row.iloc[0], column) if len(row) else math.nan
     numbers["best epoch"] = float(run.best) if run.best is not None else math.nan
     numbers["seconds"] = float(frame["seconds"].sum()) if "seconds" in frame else math.nan
     return numbers
@@ -191,16 +196,17 @@ def recall_ks(runs: list[Run]) -> list[int]:
     return sorted(ks)
 
 
-def summary(groups: list[Group]) -> pd.DataFrame:
+def summary(groups: list[Group], at: tuple[int, ...] = ()) -> pd.DataFrame:
     """One row per group: its name, runs, status, loss, backbone, differing settings, then
     each number's mean and standard deviation over the group's runs (`<name> mean`,
-    `<name> std`; std is NaN for a group of one)."""
+    `<name> std`; std is NaN for a group of one). A mean over runs of which some lack the
+    number (an epoch not reached) is over the runs that have it."""
     pd = pandas()
     runs = [r for g in groups for r in g.runs]
     ks = recall_ks(runs)
     rows = []
     for g in groups:
-        numbers = pd.DataFrame([run_numbers(r, ks) for r in g.runs])
+        numbers = pd.DataFrame([run_numbers(r, ks, at) for r in g.runs])
         row: dict[str, Any] = {
             "run": g.name,
             "runs": len(g.runs),
@@ -343,15 +349,17 @@ class CompareResult:
     written: tuple[Path, ...]  # files under --out
 
 
-def compare(paths: list[Path], fmt: str = "table", out: Path | None = None) -> CompareResult:
-    """The comparison of the runs under `paths` as `fmt`; with `out`, also compare.csv,
-    compare.md and compare.png (the figure) there."""
+def compare(
+    paths: list[Path], fmt: str = "table", out: Path | None = None, at: tuple[int, ...] = ()
+) -> CompareResult:
+    """The comparison of the runs under `paths` as `fmt` (with Recall@1 and MAP@R after each
+    epoch of `at`); with `out`, also compare.csv, compare.md and compare.png (the figure)."""
     from pactl.fsutil import atomic_write_text, make_folder
     from pactl.report import save_figure
 
     runs = [read_run(p) for p in find_runs(paths)]
     groups = group_runs(runs)
-    frame = summary(groups)
+    frame = summary(groups, at)
     published = published_column(frame, groups)
     if any(published):
         frame.insert(len(IDENTITY), "published recall@1", published)
