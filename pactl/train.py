@@ -637,9 +637,11 @@ def fit(
     run_dir: Path,
     reporter: Reporter,
     resume: bool = False,
+    shared_start: Path | None = None,
 ) -> TrainResult:
     """Train on the train split; evaluate before the first step (epoch 0) and after each epoch
-    on the validation classes (which choose best.pt) and the test classes."""
+    on the validation classes (which choose best.pt) and the test classes. `shared_start`: a
+    folder where runs whose networks start alike share their epoch-0 row (pactl.start_cache)."""
     world = init_world(cfg.device)
     if cfg.batch_size % world.size:
         raise PactlError(
@@ -674,7 +676,7 @@ def fit(
             atomic_write_text(run_dir / "config.json", json.dumps(info, indent=2) + "\n")
             write_provenance(t, run_dir, info, manifest, resume)
     if not resume:
-        evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
+        evaluate_start(t, splits, run_dir, columns, classes, state, reporter, shared_start)
     for epoch in range(start, cfg.epochs):
         began = time.perf_counter()
         lr = t.optimizer.param_groups[0]["lr"]
@@ -716,16 +718,16 @@ def evaluate_start(
     classes: list[str],
     state: dict[str, Any],
     reporter: Reporter,
+    shared: Path | None = None,
 ) -> None:
     """Epoch 0: the network before its first step, the start every later epoch is compared
-    with; then an estimate of an epoch's duration."""
+    with (read from `shared` where a run that started alike stored it); then an estimate of an
+    epoch's duration."""
     if t.model_cfg.weights == "none" and not t.cfg.freeze_bn:
         calibrate_batchnorm(t, splits.train)
-    began = time.perf_counter()
-    row: dict[str, Any] = {"epoch": 0}
+    row: dict[str, Any] = {"epoch": 0, "seconds": 0.0}
     if t.world.is_main:
-        row.update(evaluate_epoch(t, splits, reporter, nmi=True))
-    row["seconds"] = time.perf_counter() - began
+        row.update(start_metrics(t, splits, run_dir, reporter, shared))
     estimate = estimate_epoch(t, splits.train, len(classes), row["seconds"])
     if t.world.is_main:
         state["start"] = state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
@@ -740,6 +742,44 @@ def evaluate_start(
                 "out more classes with --val-classes"
             )
     barrier(t.world)
+
+
+def start_metrics(
+    t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter, shared: Path | None
+) -> dict[str, float]:
+    """Epoch 0's metrics and the seconds they took: evaluated, or (with `shared`) the row a run
+    whose network started alike stored there, and stored there when evaluated."""
+    from pactl import start_cache
+    from pactl.provenance import data_fingerprint
+
+    if shared is None:
+        return timed_evaluation(t, splits, reporter)
+    state = ckpt.fingerprint(ckpt.clean_state_dict(t.net))  # after the BatchNorm calibration
+    parts = {"train": splits.train, "val": splits.val, "test": splits.test}
+    data = {name: data_fingerprint(part) for name, part in parts.items()}
+    key = start_cache.start_key(state, data, t.model_cfg, t.cfg, device_words(t.device))
+    found = start_cache.read_row(shared, key)
+    if found is not None:
+        reporter.log(f"epoch 0: the network starts as {found.run}'s did; its row is reused")
+        return found.row
+    row = timed_evaluation(t, splits, reporter)
+    why = start_cache.write_row(shared, key, start_cache.SharedRow(row, run_dir.name))
+    if why is not None:
+        reporter.log(f"epoch 0 not shared: {why}")
+    return row
+
+
+def timed_evaluation(t: Trainer, splits: Splits, reporter: Reporter) -> dict[str, float]:
+    began = time.perf_counter()
+    row = evaluate_epoch(t, splits, reporter, nmi=True)
+    return {**row, "seconds": time.perf_counter() - began}
+
+
+def device_words(device: torch.device) -> str:
+    """The device's kind, and a GPU's name: what evaluation numbers may differ by."""
+    if device.type == "cuda":
+        return f"cuda {torch.cuda.get_device_name(device)}"
+    return device.type
 
 
 def calibrate_batchnorm(t: Trainer, train: Manifest, batches: int = 8) -> None:
