@@ -644,10 +644,13 @@ def fit(
     run_dir: Path,
     reporter: Reporter,
     resume: bool = False,
+    shared_start: Path | None = None,
 ) -> TrainResult:
     """Train on the train split; evaluate before the first step (epoch 0) and after each epoch
     on the validation classes (which choose best.pt) and the test classes. With a time budget
-    (not on resume: the plan made at the start stands), epochs are fitted to it after epoch 0."""
+    (not on resume: the plan made at the start stands), epochs are fitted to it after epoch 0.
+    `shared_start`: a folder where runs whose networks start alike share their epoch-0 row
+    (pactl.start_cache)."""
     began = time.perf_counter()
     world = init_world(cfg.device)
     if cfg.batch_size % world.size:
@@ -679,7 +682,9 @@ def fit(
         reporter.log(f"resuming {run_dir} after epoch {start}")
     write_run_files(t, run_dir, source, manifest, classes, resume)
     if not resume:
-        reserve, estimate = evaluate_start(t, splits, run_dir, columns, classes, state, reporter)
+        reserve, estimate = evaluate_start(
+            t, splits, run_dir, columns, classes, state, reporter, shared_start
+        )
         if cfg.time_budget:
             fit_to_budget(t, time.perf_counter() - began, reserve, estimate, reporter)
             write_run_files(t, run_dir, source, manifest, classes, resume)
@@ -811,16 +816,16 @@ def evaluate_start(
     classes: list[str],
     state: dict[str, Any],
     reporter: Reporter,
+    shared: Path | None = None,
 ) -> tuple[float, float | None]:
     """Epoch 0: the network before its first step, the start every later epoch is compared
-    with; then an estimate of an epoch's duration. Returns (epoch 0's seconds, the estimate)."""
+    with (read from `shared` where a run that started alike stored it); then an estimate of an
+    epoch's duration. Returns (epoch 0's seconds, the estimate)."""
     if t.model_cfg.weights == "none" and not t.cfg.freeze_bn:
         calibrate_batchnorm(t, splits.train)
-    began = time.perf_counter()
-    row: dict[str, Any] = {"epoch": 0}
+    row: dict[str, Any] = {"epoch": 0, "seconds": 0.0}
     if t.world.is_main:
-        row.update(evaluate_epoch(t, splits, reporter, nmi=True))
-    row["seconds"] = time.perf_counter() - began
+        row.update(start_metrics(t, splits, run_dir, reporter, shared))
     estimate = estimate_epoch(t, splits.train, len(classes), row["seconds"])
     if t.world.is_main:
         state["start"] = state["last"] = {k: v for k, v in row.items() if isinstance(v, float)}
@@ -835,6 +840,44 @@ def evaluate_start(
             )
     barrier(t.world)
     return row["seconds"], estimate
+
+
+def start_metrics(
+    t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter, shared: Path | None
+) -> dict[str, float]:
+    """Epoch 0's metrics and the seconds they took: evaluated, or (with `shared`) the row a run
+    whose network started alike stored there, and stored there when evaluated."""
+    from pactl import start_cache
+    from pactl.provenance import data_fingerprint
+
+    if shared is None:
+        return timed_evaluation(t, splits, reporter)
+    state = ckpt.fingerprint(ckpt.clean_state_dict(t.net))  # after the BatchNorm calibration
+    parts = {"train": splits.train, "val": splits.val, "test": splits.test}
+    data = {name: data_fingerprint(part) for name, part in parts.items()}
+    key = start_cache.start_key(state, data, t.model_cfg, t.cfg, device_words(t.device))
+    found = start_cache.read_row(shared, key)
+    if found is not None:
+        reporter.log(f"epoch 0: the network starts as {found.run}'s did; its row is reused")
+        return found.row
+    row = timed_evaluation(t, splits, reporter)
+    why = start_cache.write_row(shared, key, start_cache.SharedRow(row, run_dir.name))
+    if why is not None:
+        reporter.log(f"epoch 0 not shared: {why}")
+    return row
+
+
+def timed_evaluation(t: Trainer, splits: Splits, reporter: Reporter) -> dict[str, float]:
+    began = time.perf_counter()
+    row = evaluate_epoch(t, splits, reporter, nmi=True)
+    return {**row, "seconds": time.perf_counter() - began}
+
+
+def device_words(device: torch.device) -> str:
+    """The device's kind, and a GPU's name: what evaluation numbers may differ by."""
+    if device.type == "cuda":
+        return f"cuda {torch.cuda.get_device_name(device)}"
+    return device.type
 
 
 def calibrate_batchnorm(t: Trainer, train: Manifest, batches: int = 8) -> None:

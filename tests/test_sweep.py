@@ -76,9 +76,9 @@ def test_a_killed_sweep_resumes_and_a_finished_point_is_never_rerun(
     calls: list[tuple[str, bool]] = []
     fit = pactl.train.fit
 
-    def counted_fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=False):  # type: ignore[no-untyped-def]
+    def counted_fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=False, **rest):  # type: ignore[no-untyped-def]
         calls.append((run_dir.name, resume))
-        return fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=resume)
+        return fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=resume, **rest)
 
     monkeypatch.setattr(pactl.train, "fit", counted_fit)
     code, out, err = run_cli(

@@ -1,0 +1,124 @@
+"""Epoch 0 shared between sweep points whose networks start alike: the row a fresh fit computes,
+never reused across a seed or an image size; a bad cache file is only a miss."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import make_class_folder
+
+import pactl.train
+from pactl import start_cache
+from pactl.checkpoint import clean_state_dict, fingerprint
+from pactl.config import ModelConfig, TrainConfig
+from pactl.console import QUIET
+from pactl.datasets import load_source
+from pactl.distributed import World
+from pactl.research.sweep import point_configs, run_point
+
+MODEL = ModelConfig(backbone="small", weights="none", embedding_dim=16, image_size=16)
+TRAIN = TrainConfig(
+    epochs=1, batch_size=8, lr=1e-3, workers=0, val_classes=0, warmup_epochs=0, device="cpu"
+)
+
+
+def rows(run: Path) -> list[dict[str, str]]:
+    with open(run / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def without_seconds(run: Path) -> list[dict[str, str]]:
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows(run)]
+
+
+def test_points_differing_by_alpha_share_epoch_0_and_a_seed_or_image_size_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # curves.png and the calibration after the last epoch are not under test: a second a fit
+    monkeypatch.setattr(pactl.train, "finish_run", lambda *args: None)
+    evaluated: list[int] = []
+    evaluate_epoch = pactl.train.evaluate_epoch
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, float]:
+        evaluated.append(1)
+        return evaluate_epoch(*args, **kwargs)
+
+    monkeypatch.setattr(pactl.train, "evaluate_epoch", counted)
+    source = str(make_class_folder(tmp_path / "imgs", classes=4, per_class=4))
+    manifest = load_source(source, QUIET)
+    folder, cache = tmp_path / "sweep", tmp_path / "sweep" / "cache" / "epoch0"
+
+    def point(name: str, seed: int = 0, **params: Any) -> Path:
+        configs = point_configs(MODEL, TRAIN, params, seed)
+        run_point(folder, name, configs, source, manifest, QUIET)
+        return folder / "points" / name
+
+    first, second = point("a16", alpha=16.0), point("a32", alpha=32.0)
+    assert len(evaluated) == 3  # epoch 0 once, epoch 1 of each point
+    assert len(list(cache.glob("*.json"))) == 1
+    assert rows(first)[0] == rows(second)[0]  # the seconds too: those of the run that measured
+    fresh = tmp_path / "fresh"
+    pactl.train.prepare_run_dir(fresh, resume=False, overwrite=False)
+    pactl.train.fit(
+        source, manifest, *point_configs(MODEL, TRAIN, {"alpha": 32.0}, 0), fresh, QUIET
+    )
+    # The reference evaluated epoch 0 itself; epoch 1 equal too: training did not notice.
+    assert without_seconds(fresh) == without_seconds(second)
+    assert len(evaluated) == 5 and len(list(cache.glob("*.json"))) == 1
+
+    point("a32-seed1", seed=1, alpha=32.0)
+    point("a32-size20", alpha=32.0, image_size=20)
+    assert len(evaluated) == 9  # each evaluated its own epoch 0
+    assert len(list(cache.glob("*.json"))) == 3
+
+
+def test_the_network_built_from_a_seed_is_the_same_whatever_the_loss() -> None:
+    world = World()
+    made = {}
+    for loss, alpha, seed in [
+        ("proxy_anchor", 32.0, 0), ("proxy_anchor", 8.0, 0), ("proxy_nca", 32.0, 0),
+        ("triplet", 32.0, 0), ("multi_similarity", 32.0, 0), ("proxy_anchor", 32.0, 1),
+    ]:  # fmt: skip
+        cfg = dataclasses.replace(TRAIN, loss=loss, alpha=alpha, seed=seed)
+        t = pactl.train.build_trainer(MODEL, cfg, 4, world)
+        made[(loss, alpha, seed)] = fingerprint(clean_state_dict(t.net))
+    assert len({v for (_, _, seed), v in made.items() if seed == 0}) == 1
+    assert made[("proxy_anchor", 32.0, 1)] != made[("proxy_anchor", 32.0, 0)]
+
+
+def key(model: ModelConfig = MODEL, cfg: TrainConfig = TRAIN) -> str:
+    return start_cache.start_key("state", {"test": "data"}, model, cfg, "cpu").digest
+
+
+def test_every_setting_is_in_the_key_but_those_only_training_reads() -> None:
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert names >= start_cache.TRAINING_ONLY
+    for name in names:
+        changed = key(cfg=dataclasses.replace(TRAIN, **{name: "another"}))
+        assert (changed == key()) == (name in start_cache.TRAINING_ONLY), name
+    for f in dataclasses.fields(ModelConfig):
+        assert key(model=dataclasses.replace(MODEL, **{f.name: "another"})) != key(), f.name
+    other = start_cache.start_key("state2", {"test": "data"}, MODEL, TRAIN, "cpu").digest
+    assert other != key()
+
+
+def test_a_missing_half_written_or_foreign_file_is_a_miss(tmp_path: Path) -> None:
+    mine = start_cache.start_key("state", {"test": "data"}, MODEL, TRAIN, "cpu")
+    assert start_cache.read_row(tmp_path, mine) is None
+    row = start_cache.SharedRow({"recall@1": 0.25, "nmi": float("nan"), "seconds": 1.5}, "run")
+    assert start_cache.write_row(tmp_path, mine, row) is None
+    found = start_cache.read_row(tmp_path, mine)
+    assert found is not None and found.run == "run" and found.row["recall@1"] == 0.25
+    path = tmp_path / f"{mine.digest}.json"
+    whole = path.read_text()
+    path.write_text(whole[: len(whole) // 2])
+    assert start_cache.read_row(tmp_path, mine) is None
+    # a file under this name that describes another start (a copied or edited cache)
+    path.write_text(whole.replace('"state": "state"', '"state": "other"'))
+    assert start_cache.read_row(tmp_path, mine) is None
+    (tmp_path / "a-file").write_text("not a folder")
+    assert start_cache.write_row(tmp_path / "a-file", mine, row) is not None  # only a saving lost
