@@ -3,10 +3,9 @@ FAISS range search one batch of queries at a time, joined into groups.
 
 Two ways to group: connected components (a union-find over positions, fed batch by batch, so
 memory is the batch and one int64 per item), or strict, where every member must match the
-group's first member, so a chain of similar shots does not merge into one group; strict keeps
-the pairs found (a few per duplicate) until the end. A group's first member is its earliest
-item in connected groups, and in strict ones the member that matches most items (its leader);
-scores are each member's cosine to it, from the vectors themselves.
+group's first member, so a chain of similar shots (a~b, b~c, c not ~a) does not merge; strict
+keeps the pairs found (a few per duplicate) until the end. A group's first member is its
+earliest item; scores are each member's cosine to it, from the vectors themselves.
 
 Nothing here deletes anything: `removable` says which members a user could delete, keeping one
 per group.
@@ -154,41 +153,34 @@ class UnionFind:
 
 
 def _leaders(n: int, pairs: list[np.ndarray] | None) -> np.ndarray:
-    """Strict groups: items by how many they match (most first, then by position); one not yet
-    in a group starts one and takes every item it matches that is not in a group yet. The item
-    that matches most leads, so an original copied several ways leads its copies even where
-    the copies do not match each other, and a crop that happens to sort first does not split
-    them."""
+    """Strict groups: items in order; one not yet in a group starts one, and takes every later
+    item it matches that is not in a group yet."""
     leader = np.arange(n, dtype=np.int64)
     if pairs is None:
         return leader
     first, second = pairs
-    first, second = np.concatenate([first, second]), np.concatenate([second, first])
-    degree = np.bincount(first, minlength=n)
     order = np.lexsort((second, first))
     first, second = first[order], second[order]
+    taken = np.zeros(n, dtype=bool)
     starts = np.flatnonzero(np.append(True, first[1:] != first[:-1]))
     ends = np.append(starts[1:], len(first))
-    span = {int(first[s]): (int(s), int(e)) for s, e in zip(starts, ends, strict=True)}
-    taken = np.zeros(n, dtype=bool)
-    for a in np.lexsort((np.arange(n), -degree))[: len(span)].tolist():
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        a = int(first[s])
         if taken[a]:
             continue
-        s, e = span[a]
         joining = np.unique(second[s:e])
         joining = joining[~taken[joining]]
         taken[joining] = True
-        taken[a] = True
         leader[joining] = a
     return leader
 
 
 def _members(leader: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, group numbers) of the items in groups of two or more, ordered by group (by the
-    leader's position), the leader first, then by position."""
+    """(rows, group numbers) of the items in groups of two or more, ordered by group (by first
+    member) then position; the first member has the leader's own position."""
     sizes = np.bincount(leader, minlength=len(leader))
     rows = np.flatnonzero(sizes[leader] > 1)
-    rows = rows[np.lexsort((rows, rows != leader[rows], leader[rows]))]
+    rows = rows[np.lexsort((rows, leader[rows]))]
     lead = leader[rows]
     group = np.cumsum(np.append(True, lead[1:] != lead[:-1])) if len(rows) else lead
     return rows, group.astype(np.int64)
