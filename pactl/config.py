@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -214,6 +214,27 @@ def override(config: C, **changes: Any) -> C:
     """A copy of `config` with the given fields changed; `None` values are ignored."""
     given = {k: v for k, v in changes.items() if v is not None}
     return dataclasses.replace(config, **given)
+
+
+def implied(
+    model: ModelConfig, train: TrainConfig, given: Collection[str]
+) -> tuple[TrainConfig, list[str]]:
+    """The train settings that others imply, where not `given` (field names set explicitly), with
+    the reasons: held-out validation classes are there to choose best.pt; random weights train
+    their BatchNorm statistics and skip the warm-up, since a preset's freezing and warm-up are
+    for its weights. `pactl train` and each `pactl sweep` point settle their settings here."""
+    why = []
+    held_out = "val_classes" in given and train.val_classes
+    if held_out and "selection" not in given and train.selection != "val":
+        train = override(train, selection="val")
+        why.append("best.pt chosen by the validation classes --val-classes holds out")
+    if model.weights == "none":
+        if "freeze_bn" not in given and train.freeze_bn:
+            train = override(train, freeze_bn=False)
+        if "warmup_epochs" not in given and train.warmup_epochs:
+            train = override(train, warmup_epochs=0)
+            why.append("no warm-up epochs: a random backbone has no features to protect")
+    return train, why
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -106,3 +106,73 @@ def test_a_killed_sweep_resumes_and_a_finished_point_is_never_rerun(
     assert len(study.trials) == 3  # nor a trial added
     assert (folder / "sweep.png").stat().st_size > 0
     assert json.loads((folder / "sweep.json").read_text())["format"] == "pactl.sweep"
+
+
+@pytest.mark.parametrize(
+    ("preset", "swept", "options"),
+    [
+        (None, {"weights": "none"}, ["--weights", "none"]),
+        (
+            None,
+            {"weights": "none", "warmup_epochs": 2},
+            ["--weights", "none", "--warmup-epochs", "2"],
+        ),
+        ("cub200", {"val_classes": 0.3}, ["--val-classes", "0.3"]),
+        ("cub200", {"lr": 1e-3}, ["--lr", "1e-3"]),
+    ],
+)
+def test_a_point_settles_its_settings_as_train_does(
+    preset: str | None,
+    swept: dict[str, object],
+    options: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A swept setting implies what the same train option implies (random weights: BatchNorm
+    trains, no warm-up unless asked; held-out classes choose best.pt instead of the paper
+    preset's test classes), as train's --print-config shows it."""
+    import dataclasses
+
+    from pactl.distributed import World
+    from pactl.research.sweep import base_configs, point_configs
+    from pactl.train import resolve_train_config
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    config = SweepConfig(
+        source=str(tmp_path / "imgs"),
+        params=tuple((k, (v,)) for k, v in swept.items()),
+        fixed=(("epochs", 2),),
+        preset=preset,
+    )
+    model, train = point_configs(*base_configs(config, "cpu"), swept, 0, {"epochs"})
+    train = resolve_train_config(model, train, World())
+    chosen = ["--preset", preset] if preset else []
+    code, out, err = run_cli(
+        ["train", str(tmp_path / "imgs"), "--epochs", "2", "--device", "cpu", *chosen, *options,
+         "--print-config"],
+        monkeypatch, capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    shown = json.loads(out)["train"]
+    for key in ("freeze_bn", "warmup_epochs", "val_classes", "selection", "epochs", "lr"):
+        assert dataclasses.asdict(train)[key] == shown[key], key
+    if preset:  # the paper's preset chooses on the test classes unless classes are held out
+        assert train.selection == ("val" if "val_classes" in swept else "test")
+    else:  # random weights
+        assert train.freeze_bn is False
+        assert train.warmup_epochs == swept.get("warmup_epochs", 0)
+
+
+def test_an_explicit_selection_stays(tmp_path: Path) -> None:
+    from pactl.research.sweep import base_configs, point_configs
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    config = SweepConfig(
+        source=str(tmp_path / "imgs"),
+        params=(("val_classes", (0.3,)),),
+        fixed=(("selection", "last"),),
+        preset="cub200",
+    )
+    _, train = point_configs(*base_configs(config, "cpu"), {"val_classes": 0.3}, 0, {"selection"})
+    assert train.selection == "last"

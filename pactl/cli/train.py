@@ -35,6 +35,7 @@ from pactl.config import (
     Preset,
     TrainConfig,
     check,
+    implied,
     override,
     preset_for,
 )
@@ -350,16 +351,8 @@ def settled(
     """What the options imply beyond themselves, checked, with the reasons for --print-config."""
     from pactl.model import check_model_config
 
-    why = [f"settings: {chosen.source}"]
-    if given.get("val_classes") and cfg.selection != "val":  # held-out classes are to choose
-        cfg = override(cfg, selection="val")
-        why.append("best.pt chosen by the validation classes --val-classes holds out")
-    if model_cfg.weights == "none":  # the preset's freezing and warm-up are for its weights
-        if "freeze_bn" not in given and cfg.freeze_bn:
-            cfg = override(cfg, freeze_bn=False)
-        if "warmup_epochs" not in given and cfg.warmup_epochs:
-            cfg = override(cfg, warmup_epochs=0)
-            why.append("no warm-up epochs: a random backbone has no features to protect")
+    cfg, why = implied(model_cfg, cfg, given)
+    why.insert(0, f"settings: {chosen.source}")
     model_cfg = with_preprocessing(model_cfg)
     check_model_config(model_cfg, name=option_name, error=UsageError)
     check(cfg, option_name, UsageError)

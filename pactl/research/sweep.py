@@ -19,6 +19,7 @@ import json
 import math
 import re
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from pactl.config import (
     Preset,
     TrainConfig,
     check,
+    implied,
     override,
     preset_for,
     to_dict,
@@ -131,19 +133,19 @@ def base_configs(config: SweepConfig, device_type: str) -> tuple[ModelConfig, Tr
     model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
     model = override(model, **{k: v for k, v in fixed.items() if k in model_keys})
     train = override(train, **{k: v for k, v in fixed.items() if k not in model_keys})
-    if model.weights == "none":  # as train does: the preset's freezing is for its weights
-        train = override(
-            train,
-            freeze_bn=fixed.get("freeze_bn", False if train.freeze_bn else None),
-            warmup_epochs=fixed.get("warmup_epochs", 0),
-        )
     return model, train
 
 
 def point_configs(
-    model: ModelConfig, train: TrainConfig, params: dict[str, Any], seed: int
+    model: ModelConfig,
+    train: TrainConfig,
+    params: dict[str, Any],
+    seed: int,
+    fixed: Collection[str] = (),
 ) -> tuple[ModelConfig, TrainConfig]:
-    """One point's configs, preprocessing filled in and every field checked."""
+    """One point's configs: the swept values on the base recipe, settled as `pactl train`
+    settles its options (config.implied: `fixed` and the swept names count as given), the
+    preprocessing filled in and every field checked."""
     from pactl.backbones import preprocessing_of
     from pactl.model import check_model_config, fill_resize
 
@@ -152,6 +154,7 @@ def point_configs(
     train = dataclasses.replace(
         train, seed=seed, **{k: v for k, v in params.items() if k not in model_keys}
     )
+    train, _ = implied(model, train, {*fixed, *params})
     model = fill_resize(model, *preprocessing_of(model.backbone))
     check_model_config(model, name=lambda f: f"sweep setting {f}", error=UsageError)
     check(train, lambda f: f"sweep setting {f}", UsageError)
@@ -359,7 +362,7 @@ def objective(
         params = {k: trial.suggest_categorical(k, list(v)) for k, v in config.params}
         scores = []
         for seed in config.seeds:
-            configs = point_configs(*base, params, seed)
+            configs = point_configs(*base, params, seed, dict(config.fixed))
             try:
                 best = run_point(
                     folder, point_name(params, seed), configs, config.source, manifest, reporter
@@ -400,7 +403,7 @@ def run_sweep(
     points = grid(config)
     for params in points:  # every point's settings checked before any training
         for seed in config.seeds:
-            point_configs(*base, params, seed)
+            point_configs(*base, params, seed, dict(config.fixed))
     manifest = load_source(config.source, reporter, follow_links=base[1].follow_links)
     study = open_study(folder, config)
     requeue_stale(study, folder, config, reporter)
