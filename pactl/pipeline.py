@@ -234,11 +234,11 @@ def index_vectors(
 def checkpoint_calibration(meta: dict[str, Any]) -> dict[str, Any] | None:
     """The same-item calibration of the checkpoint that made the vectors of `meta`, while it
     holds the same weights; None for a backbone's vectors or a checkpoint never calibrated."""
-    from pactl.checkpoint import load
-
     recorded = meta.get("checkpoint")
     if not recorded or not Path(recorded).is_file():
         return None
+    from pactl.checkpoint import load  # torch: only when there is a checkpoint to read
+
     payload = load(Path(recorded))
     if payload.get("fingerprint") != meta.get("fingerprint"):
         return None
