@@ -16,6 +16,7 @@ import numpy as np
 from pactl.config import IndexConfig
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
+from pactl.index.mapped import blocks
 from pactl.index.search import exclude_by_id
 
 FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
@@ -253,23 +254,27 @@ def _count(parts: Sequence[Part]) -> int:
 
 def _read_rows(parts: Sequence[Part], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The vectors (float32, in memory) and ids at sorted `rows`, numbered across the parts in
-    order. Each part gives its own rows, so the parts themselves are never joined."""
+    order. Each part gives its own rows, a block at a time (pactl.index.mapped.blocks), so the
+    parts are never joined and a memory-mapped one is never resident as a whole."""
     vectors, ids, start = [], [], 0
     for part, part_ids in parts:
+        for first, block in blocks(part):
+            low, high = np.searchsorted(rows, [start + first, start + first + len(block)])
+            local = rows[low:high] - start - first
+            vectors.append(np.ascontiguousarray(block[local], dtype=np.float32))
         low, high = np.searchsorted(rows, [start, start + len(part)])
-        local = rows[low:high] - start
-        vectors.append(np.ascontiguousarray(part[local], dtype=np.float32))
-        ids.append(np.asarray(part_ids, dtype=np.int64)[local])
+        ids.append(np.asarray(part_ids, dtype=np.int64)[rows[low:high] - start])
         start += len(part)
-    return np.concatenate(vectors), np.concatenate(ids)
+    dim = parts[0][0].shape[1] if parts else 0
+    return np.concatenate([np.empty((0, dim), np.float32), *vectors]), np.concatenate(ids)
 
 
 def add_vectors(
     index: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter, gpus: int = 0
 ) -> None:
-    """Add rows in batches (a memory-mapped array is read once, a slice at a time). With `gpus`,
-    an IVF with a brute-force quantiser assigns the rows to lists on the GPUs; the lists, and
-    so the saved index, stay on the CPU."""
+    """Add rows a block at a time (pactl.index.mapped.blocks: a memory-mapped array is read once,
+    each block's pages dropped once added). With `gpus`, an IVF with a brute-force quantiser
+    assigns the rows to lists on the GPUs; the lists, and so the saved index, stay on the CPU."""
     n = len(vectors)
     swap = _gpu_quantizer(index, gpus)
     if swap is not None:
@@ -278,9 +283,9 @@ def add_vectors(
         ivf.quantizer = on_gpus
     try:
         with reporter.bar("adding vectors", total=n) as advance:
-            for start in range(0, n, ADD_BATCH):
-                stop = min(start + ADD_BATCH, n)
-                batch = np.ascontiguousarray(vectors[start:stop], dtype=np.float32)
+            for start, block in blocks(vectors, ADD_BATCH):
+                stop = start + len(block)
+                batch = np.ascontiguousarray(block, dtype=np.float32)  # no copy of float32 rows
                 _check_unit_rows(batch, np.arange(start, stop))
                 index.add_with_ids(batch, np.ascontiguousarray(ids[start:stop], dtype=np.int64))
                 advance(stop - start)
@@ -407,16 +412,16 @@ def exact_neighbours(
     parts: Sequence[Part], queries: np.ndarray, own: np.ndarray, k: int, gpus: int = 0
 ) -> np.ndarray:
     """Ids of the k largest inner products of each query over all parts, its own id `own[i]`
-    excluded. Each part is searched on its own and the per-part top k+1 merged by score, so only
-    one part is read at a time and the result equals a search of the parts joined."""
+    excluded. Each block of each part (pactl.index.mapped.blocks) is searched on its own and the
+    per-block top k+1 merged by score, so only one block is read at a time and the result equals
+    a search of the parts joined."""
     scores, ids = [], []
     resources = faiss.StandardGpuResources() if gpus else None
     for vectors, part_ids in parts:
-        if len(vectors):
-            fetch = min(k + 1, len(vectors))
-            s, rows = _knn(queries, vectors, fetch, resources)
+        for first, block in blocks(vectors):
+            s, rows = _knn(queries, block, min(k + 1, len(block)), resources)
             scores.append(s)
-            ids.append(np.asarray(part_ids, dtype=np.int64)[rows])
+            ids.append(np.asarray(part_ids, dtype=np.int64)[first + rows])
     all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
     best = np.argsort(-all_scores, axis=1, kind="stable")[:, : k + 1]  # (nq, <= k+1)
     merged = np.take_along_axis(all_scores, best, axis=1), np.take_along_axis(all_ids, best, axis=1)
