@@ -161,3 +161,29 @@ def test_index_from_mapped_blocks_equals_index_from_memory(
     assert faiss.serialize_index(from_map).tobytes() == faiss.serialize_index(from_memory).tobytes()
     for key in ("search_params", "recall_at_10", "train_points", "ntotal"):
         assert mapped_record[key] == record[key]
+
+
+@pytest.mark.parametrize("factory", ["IVF16,Flat", "IVF16_HNSW32,Flat", "IVF16,PQ4x4", "IVF16,SQ8"])
+def test_presized_lists_hold_what_a_plain_add_gives(
+    factory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(5)
+    vectors = clustered(rng, 3_000, unit(rng.standard_normal((30, 16))))
+    ids = np.arange(3_000, dtype=np.int64) * 2 + 5  # ids, not row numbers
+    trained = faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)
+    trained.train(vectors)
+    plain = faiss.clone_index(trained)
+    for start in range(0, 3_000, 700):  # FAISS's own add, a block at a time
+        plain.add_with_ids(vectors[start : start + 700], ids[start : start + 700])
+    presized = faiss.clone_index(trained)
+    assert build._presizable(presized) is not None
+    monkeypatch.setattr(build, "ADD_BATCH", 700)
+    build.add_vectors(presized, vectors[:1_000], ids[:1_000], QUIET)
+    build.add_vectors(presized, vectors[1_000:], ids[1_000:], QUIET)  # onto non-empty lists
+    assert presized.ntotal == 3_000
+    assert faiss.serialize_index(presized).tobytes() == faiss.serialize_index(plain).tobytes()
+
+
+@pytest.mark.parametrize("factory", ["PCA8,IVF16,Flat", "IVF16,PQ4x4fs", "HNSW8,Flat", "Flat"])
+def test_other_kinds_add_their_own_way(factory: str) -> None:
+    assert build._presizable(faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)) is None
