@@ -17,7 +17,7 @@ import pactl.index.build as build
 import pactl.index.mapped as mapped
 from pactl.config import IndexConfig
 from pactl.console import QUIET
-from pactl.index import build_index, exact_neighbours
+from pactl.index import build_index, build_parts, exact_neighbours
 from pactl.index.mapped import blocks, drop_pages
 
 MIB = 2**20
@@ -45,6 +45,10 @@ def vectors_file(
     path = tmp_path / f"vectors-{seed}.npy"
     np.save(path, vectors)
     return path, vectors
+
+
+def serialized(index: faiss.Index) -> bytes:
+    return bytes(faiss.serialize_index(index))
 
 
 # ------------------------------------------------------------------------- no torch
@@ -131,7 +135,7 @@ def test_blocks_read_every_row_with_one_block_resident(tmp_path: Path) -> None:
 def test_exact_neighbours_over_blocks_against_brute_force(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mapped, "BLOCK_ROWS", 128)  # many blocks in each part
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 128 * 16 * 4)  # 128 rows: many blocks a part
     (a, va), (b, vb) = vectors_file(tmp_path, 700, 16, 1), vectors_file(tmp_path, 500, 16, 2)
     ids_a, ids_b = np.arange(700) * 3, np.arange(500) * 3 + 1  # ids, not row numbers
     parts = [(np.load(a, mmap_mode="r"), ids_a), (np.load(b, mmap_mode="r"), ids_b)]
@@ -155,10 +159,9 @@ def test_index_from_mapped_blocks_equals_index_from_memory(
     path, vectors = vectors_file(tmp_path, 3_000, 16)
     config = IndexConfig(factory="IVF16_HNSW32,Flat", target_recall=0.95)
     from_memory, record = build_index(vectors, config, QUIET)
-    monkeypatch.setattr(mapped, "BLOCK_ROWS", 256)
-    monkeypatch.setattr(build, "ADD_BATCH", 300)
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 300 * 16 * 4)  # 300 rows a block
     from_map, mapped_record = build_index(np.load(path, mmap_mode="r"), config, QUIET)
-    assert faiss.serialize_index(from_map).tobytes() == faiss.serialize_index(from_memory).tobytes()
+    assert serialized(from_map) == serialized(from_memory)
     for key in ("search_params", "recall_at_10", "train_points", "ntotal"):
         assert mapped_record[key] == record[key]
 
@@ -177,13 +180,30 @@ def test_presized_lists_hold_what_a_plain_add_gives(
         plain.add_with_ids(vectors[start : start + 700], ids[start : start + 700])
     presized = faiss.clone_index(trained)
     assert build._presizable(presized) is not None
-    monkeypatch.setattr(build, "ADD_BATCH", 700)
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 700 * 16 * 4)  # 700 rows a block
     build.add_vectors(presized, vectors[:1_000], ids[:1_000], QUIET)
     build.add_vectors(presized, vectors[1_000:], ids[1_000:], QUIET)  # onto non-empty lists
     assert presized.ntotal == 3_000
-    assert faiss.serialize_index(presized).tobytes() == faiss.serialize_index(plain).tobytes()
+    assert serialized(presized) == serialized(plain)
 
 
 @pytest.mark.parametrize("factory", ["PCA8,IVF16,Flat", "IVF16,PQ4x4fs", "HNSW8,Flat", "Flat"])
 def test_other_kinds_add_their_own_way(factory: str) -> None:
     assert build._presizable(faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)) is None
+
+
+@pytest.mark.usefixtures("faiss_one_thread")
+def test_parts_build_the_index_of_the_parts_joined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(mapped, "BLOCK_BYTES", 500 * 16 * 4)  # 500 rows a block
+    (a, va), (b, vb) = vectors_file(tmp_path, 1_700, 16, 1), vectors_file(tmp_path, 1_300, 16, 2)
+    ids_a, ids_b = np.arange(1_700) + 10_000, np.arange(1_300)  # ids, not row numbers
+    config = IndexConfig(factory="IVF16_HNSW32,Flat", target_recall=0.95)
+    parts = [(np.load(a, mmap_mode="r"), ids_a), (np.load(b, mmap_mode="r"), ids_b)]
+    from_parts, record = build_parts(parts, config, QUIET)
+    joined = np.concatenate([va, vb])
+    from_joined, joined_record = build_index(joined, config, QUIET, ids=np.r_[ids_a, ids_b])
+    assert serialized(from_parts) == serialized(from_joined)
+    for key in ("search_params", "recall_at_10", "train_points", "ntotal"):
+        assert record[key] == joined_record[key]

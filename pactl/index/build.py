@@ -25,7 +25,7 @@ TRAIN_POINTS_OTHER = 65_536  # sample cap for trainable indexes without inverted
 TUNING_QUERIES = 1_000  # data points used as held-out queries when tuning nprobe / efSearch
 RECALL_K = 10  # the tuned figure is Recall@10 against exact search
 PLATEAU = 0.002  # recall gained by doubling a search knob below which more effort is pointless
-ADD_BATCH = 65_536  # vectors per add() call: bounded memory when `vectors` is memory-mapped
+ADD_BATCH = 65_536  # vectors per add() call where a bundle is filled again (bundle.py)
 NORM_TOLERANCE = 1e-2  # |norm - 1| allowed before vectors are taken as not L2-normalised
 
 Part = tuple[np.ndarray, np.ndarray]  # one shard: (n_i, d) float32 vectors (memory-mapped), ids
@@ -139,20 +139,24 @@ def build_index(
     factory, search_params, recall_at_10 (measured against exact search), ntotal, and more.
     """
     x = _as_matrix(vectors, "vectors")
-    n, dim = x.shape
-    if n == 0:
-        raise PactlError("there are no vectors to index")
-    item_ids = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
-    if item_ids.shape != (n,) or len(np.unique(item_ids)) != n:
-        raise PactlError(f"ids must be {n} distinct integers, one per vector")
+    item_ids = np.arange(len(x), dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
+    return build_parts([(x, item_ids)], config, reporter, seed)
+
+
+def build_parts(
+    parts: Sequence[Part], config: IndexConfig, reporter: Reporter, seed: int = 0
+) -> tuple[Any, dict[str, Any]]:
+    """build_index over the (vectors, ids) of several parts in order (the shards of a set), as
+    over the parts joined, without joining them: no copy of the whole set is made."""
+    n, dim = check_parts(parts)
     factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
     gpus = faiss_gpus(config.faiss_device)
     started = time.perf_counter()
     index = new_index(factory, dim)
     rng = np.random.default_rng(seed)
-    trained_on = _train(index, [(x, item_ids)], rng, seed, reporter, factory, gpus)
-    add_vectors(index, x, item_ids, reporter, gpus)
-    tuning = tune(index, [(x, item_ids)], config.target_recall, rng, reporter, gpus)
+    trained_on = _train(index, parts, rng, seed, reporter, factory, gpus)
+    add_parts(index, parts, reporter, gpus)
+    tuning = tune(index, parts, config.target_recall, rng, reporter, gpus)
     seconds = time.perf_counter() - started
     where = f" on {gpus} GPU(s)" if gpus else ""
     reporter.log(f"built {factory} over {counted(n, 'vector')} in {seconds:.1f} s{where}")
@@ -164,6 +168,23 @@ def build_index(
         "build_seconds": round(seconds, 3),
         "faiss_gpus": gpus,
     }
+
+
+def check_parts(parts: Sequence[Part]) -> tuple[int, int]:
+    """(total rows, dimension) of the parts, which must hold float32 vectors of one dimension
+    and distinct ids, one per vector."""
+    dims = {_as_matrix(vectors, "vectors").shape[1] for vectors, _ in parts}
+    n = _count(parts)
+    if n == 0:
+        raise PactlError("there are no vectors to index")
+    if len(dims) != 1:
+        raise PactlError(f"the shards hold vectors of different dimensions: {sorted(dims)}")
+    if any(np.shape(ids) != (len(vectors),) for vectors, ids in parts):
+        raise PactlError(f"ids must be {n} distinct integers, one per vector")
+    ids = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids in parts])
+    if len(np.unique(ids)) != n:
+        raise PactlError(f"ids must be {n} distinct integers, one per vector")
+    return n, dims.pop()
 
 
 def check_factory(factory: str) -> None:
@@ -274,11 +295,16 @@ def _read_rows(parts: Sequence[Part], rows: np.ndarray) -> tuple[np.ndarray, np.
 def add_vectors(
     index: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter, gpus: int = 0
 ) -> None:
-    """Add rows a block at a time (pactl.index.mapped.blocks: a memory-mapped array is read a
-    block at a time, each block's pages dropped once used); an IVF of the kinds in PRESIZED gets
-    its lists at their final size first (_add_presized). With `gpus`, an IVF with a brute-force
-    quantiser assigns the rows to lists on the GPUs; the lists, and so the saved index, stay on
-    the CPU."""
+    """add_parts with one part."""
+    add_parts(index, [(vectors, ids)], reporter, gpus)
+
+
+def add_parts(index: Any, parts: Sequence[Part], reporter: Reporter, gpus: int = 0) -> None:
+    """Add the parts' rows in order, a block at a time (pactl.index.mapped.blocks: a memory-
+    mapped part is read a block at a time, each block's pages dropped once used); an IVF of the
+    kinds in PRESIZED gets its lists at their final size first (_add_presized). With `gpus`, an
+    IVF with a brute-force quantiser assigns the rows to lists on the GPUs; the lists, and so
+    the saved index, stay on the CPU."""
     swap = _gpu_quantizer(index, gpus)
     if swap is not None:
         ivf, on_gpus = swap
@@ -287,12 +313,11 @@ def add_vectors(
     try:
         presizable = _presizable(index)
         if presizable is not None:
-            _add_presized(presizable, vectors, ids, reporter)
+            _add_presized(presizable, parts, reporter)
             return
-        with reporter.bar("adding vectors", total=len(vectors)) as advance:
-            for start, batch in _unit_blocks(vectors):
-                stop = start + len(batch)
-                index.add_with_ids(batch, np.ascontiguousarray(ids[start:stop], dtype=np.int64))
+        with reporter.bar("adding vectors", total=_count(parts)) as advance:
+            for _, batch, batch_ids in _unit_blocks(parts):
+                index.add_with_ids(batch, batch_ids)
                 advance(len(batch))
     finally:
         if swap is not None:
@@ -310,28 +335,28 @@ def _presizable(index: Any) -> Any | None:
     inner = faiss.downcast_index(index)
     if not isinstance(inner, PRESIZED):
         return None
-    lists = faiss.downcast_InvertedLists(inner.invlists)
-    return inner if isinstance(lists, faiss.ArrayInvertedLists) else None
+    lists = inner.invlists
+    in_memory = lists is not None and isinstance(
+        faiss.downcast_InvertedLists(lists), faiss.ArrayInvertedLists
+    )
+    return inner if in_memory else None
 
 
-def _add_presized(ivf: Any, vectors: np.ndarray, ids: np.ndarray, reporter: Reporter) -> None:
+def _add_presized(ivf: Any, parts: Sequence[Part], reporter: Reporter) -> None:
     """Assign every row to its list (one pass), give each list room for its rows at once, then
     add the rows with those assignments (a second pass; FAISS assigns once, as its own add).
     Lists grown a block at a time hold up to twice their entries' memory (vector doubling):
     25% more than the codes, on 200,000 x 512 vectors into 2,048 lists. Same index either way."""
-    n = len(vectors)
+    n = _count(parts)
     lists = np.empty(n, dtype=np.int64)
     with reporter.bar("assigning vectors to lists", total=n) as advance:
-        for start, batch in _unit_blocks(vectors):
-            lists[start : start + len(batch)] = ivf.quantizer.assign(batch, 1).ravel()
+        for row, batch, _ in _unit_blocks(parts):
+            lists[row : row + len(batch)] = ivf.quantizer.assign(batch, 1).ravel()
             advance(len(batch))
     _reserve(ivf.invlists, np.bincount(lists, minlength=ivf.nlist))
     with reporter.bar("adding vectors", total=n) as advance:
-        for start, block in blocks(vectors, ADD_BATCH):
-            stop = start + len(block)
-            batch = np.ascontiguousarray(block, dtype=np.float32)  # no copy of float32 rows
-            batch_ids = np.ascontiguousarray(ids[start:stop], dtype=np.int64)
-            where = lists[start:stop]
+        for row, batch, batch_ids in _unit_blocks(parts):
+            where = lists[row : row + len(batch)]
             ivf.add_core(len(batch), *(faiss.swig_ptr(a) for a in (batch, batch_ids, where)))
             advance(len(batch))
 
@@ -345,13 +370,18 @@ def _reserve(invlists: Any, extra: np.ndarray) -> None:
         invlists.resize(number, size)
 
 
-def _unit_blocks(vectors: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, float32 block) over `vectors` in ADD_BATCH blocks, each checked by
-    _check_unit_rows (a float32 memory map is handed on without a copy)."""
-    for start, block in blocks(vectors, ADD_BATCH):
-        batch = np.ascontiguousarray(block, dtype=np.float32)
-        _check_unit_rows(batch, np.arange(start, start + len(batch)))
-        yield start, batch
+def _unit_blocks(parts: Sequence[Part]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first row, float32 block, its int64 ids) over the parts' blocks (mapped.blocks), rows
+    numbered across the parts, each block checked by _check_unit_rows (float32 rows of a memory
+    map are handed on without a copy)."""
+    row = 0
+    for vectors, ids in parts:
+        for start, block in blocks(vectors):
+            batch = np.ascontiguousarray(block, dtype=np.float32)
+            first = row + start
+            _check_unit_rows(batch, np.arange(first, first + len(batch)))
+            yield first, batch, np.ascontiguousarray(ids[start : start + len(batch)], np.int64)
+        row += len(vectors)
 
 
 def _check_unit_rows(batch: np.ndarray, rows: np.ndarray) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-BLOCK_ROWS = 65_536  # rows read per block: 128 MiB of 512-d float32
+BLOCK_BYTES = 32 * 2**20  # read per block: 16,384 rows of 512-d float32
 
 # Maps whose pages are the file's own: dropping them loses nothing. A copy-on-write map ("c")
 # holds private pages that MADV_DONTNEED would throw away.
@@ -38,10 +38,10 @@ def drop_pages(rows: np.ndarray) -> bool:
 
 
 def blocks(vectors: np.ndarray, size: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
-    """(first row, vectors[first : first + size]) in row order (size: BLOCK_ROWS unless given),
-    each block's pages dropped (drop_pages) once the caller asks for the next one or stops: a
-    memory-mapped array is read with at most one block of it resident."""
-    step = size or BLOCK_ROWS
+    """(first row, vectors[first : first + size]) in row order (size: BLOCK_BYTES of rows unless
+    given), each block's pages dropped (drop_pages) once the caller asks for the next one or
+    stops: a memory-mapped array is read with at most one block of it resident."""
+    step = size or max(1, BLOCK_BYTES // max(1, vectors[:1].nbytes))
     for start in range(0, len(vectors), step):
         block = vectors[start : start + step]
         try:
