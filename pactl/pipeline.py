@@ -205,7 +205,8 @@ def index_vectors(
         parts = same_ids(parts, before.ids, before.next_id)
     dead = None
     with new_generation(out, BUNDLE_FILES) as gen:
-        items = ItemTable.join([table for _, table in parts])
+        tables = [table for _, table in parts]
+        items = ItemTable.join(tables) if len(tables) > 1 else tables[0]
         shards = [(vectors, part_items.ids) for vectors, part_items in parts]
         if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
             index, tuning = build_ondisk_index(shards, config, reporter, gen)
