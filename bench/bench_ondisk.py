@@ -170,7 +170,6 @@ def recall_at_10(found: np.ndarray, truth: np.ndarray) -> float:
 
 def child(args: argparse.Namespace) -> None:
     """Build one bundle (--on-disk args.child) and report on stdout as one JSON line."""
-    import pactl.embed  # noqa: F401  (imported by index_vectors: torch counts in "start")
     from pactl.config import IndexConfig
     from pactl.console import Reporter
     from pactl.index import IVFDATA_FILE, load_bundle

@@ -213,7 +213,7 @@ def _env(threads: int) -> dict[str, str]:
 
 def calibrate_on(vectors_dir: Path, families: dict[str, str], precision: float) -> Calibration:
     from pactl.calibrate import CalibrationConfig, calibrate
-    from pactl.embed.vectors import read_embedded
+    from pactl.embed import read_embedded
 
     vectors, items, _ = read_embedded(vectors_dir)
     labels = np.array([families[Path(p).name] for p in items.paths.tolist()])
@@ -255,7 +255,7 @@ class Ungrouped:
 def pairs_at(vectors_dir: Path, families: dict[str, str], threshold: float) -> Ungrouped:
     """The pairs scoring at or above the threshold, without grouping (exact cosines in
     float64): how the calibration carries over to the test images, kind of copy by kind."""
-    from pactl.embed.vectors import read_embedded
+    from pactl.embed import read_embedded
 
     vectors, items, _ = read_embedded(vectors_dir)
     x = np.asarray(vectors, dtype=np.float64)

@@ -178,8 +178,8 @@ def index_vectors(
         BUNDLE_FILES,
         BUNDLE_FORMAT,
         ItemTable,
-        build_index,
         build_ondisk_index,
+        build_parts,
         rebuild_facts,
         wants_on_disk,
         write_bundle,
@@ -205,15 +205,13 @@ def index_vectors(
         parts = same_ids(parts, before.ids, before.next_id)
     dead = None
     with new_generation(out, BUNDLE_FILES) as gen:
+        tables = [table for _, table in parts]
+        items = ItemTable.join(tables) if len(tables) > 1 else tables[0]
+        shards = [(vectors, part_items.ids) for vectors, part_items in parts]
         if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
-            items = ItemTable.join([table for _, table in parts])
-            shards = [(vectors, part_items.ids) for vectors, part_items in parts]
             index, tuning = build_ondisk_index(shards, config, reporter, gen)
-        else:
-            vectors, items = _join_parts(parts)
-            index, tuning = build_index(
-                np.ascontiguousarray(vectors), config, reporter, ids=items.ids
-            )
+        else:  # in memory, the shards read in turn and never joined
+            index, tuning = build_parts(shards, config, reporter)
         if gone:
             dead = items.ids[_named(items, gone)]
             reporter.log(f"keeping {counted(len(dead), 'deleted image')} of {out} deleted")
@@ -234,11 +232,11 @@ def index_vectors(
 def checkpoint_calibration(meta: dict[str, Any]) -> dict[str, Any] | None:
     """The same-item calibration of the checkpoint that made the vectors of `meta`, while it
     holds the same weights; None for a backbone's vectors or a checkpoint never calibrated."""
-    from pactl.checkpoint import load
-
     recorded = meta.get("checkpoint")
     if not recorded or not Path(recorded).is_file():
         return None
+    from pactl.checkpoint import load  # torch: only when there is a checkpoint to read
+
     payload = load(Path(recorded))
     if payload.get("fingerprint") != meta.get("fingerprint"):
         return None

@@ -21,10 +21,9 @@ from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 from pactl.index.build import (
     Part,
-    _as_matrix,
-    _count,
     _train,
     add_vectors,
+    check_parts,
     choose_factory,
     new_index,
     tune,
@@ -69,7 +68,7 @@ def build_ondisk_index(
     by shard too. Returns the index and build_index's record, with on_disk and shards added.
     Disk: the shards' indexes and the merged file side by side, about twice the lists' size.
     """
-    n, dim = _check_parts(parts)
+    n, dim = check_parts(parts)
     factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
     started = time.perf_counter()
     index = new_index(factory, dim)
@@ -111,22 +110,6 @@ def build_ondisk_index(
         "seed": seed,
         "build_seconds": round(seconds, 3),
     }
-
-
-def _check_parts(parts: Sequence[Part]) -> tuple[int, int]:
-    """(total rows, dimension) of the parts, which must hold distinct ids, one per vector."""
-    dims = {_as_matrix(vectors, "vectors").shape[1] for vectors, _ in parts}
-    n = _count(parts)
-    if n == 0:
-        raise PactlError("there are no vectors to index")
-    if len(dims) != 1:
-        raise PactlError(f"the shards hold vectors of different dimensions: {sorted(dims)}")
-    if any(np.shape(ids) != (len(vectors),) for vectors, ids in parts):
-        raise PactlError("each shard needs one id per vector")
-    ids = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids in parts])
-    if len(np.unique(ids)) != n:
-        raise PactlError(f"ids must be {n} distinct integers, one per vector")
-    return n, dims.pop()
 
 
 def _mergeable(index: Any) -> bool:

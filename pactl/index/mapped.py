@@ -1,0 +1,69 @@
+"""Reading memory-mapped vectors a block at a time without their pages piling up in memory.
+
+A vectors file read through a memory map (np.load(mmap_mode="r")) stays resident in the process,
+page after page, until the kernel runs short: a pass over 2 GiB of vectors adds 2 GiB to the
+process's peak RSS. Dropping each block's pages once it has been used (madvise MADV_DONTNEED on
+the shared, read-only mapping) keeps one block resident; the pages stay in the page cache, so a
+block read again costs no disk read while memory lasts.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+
+import numpy as np
+
+BLOCK_BYTES = 32 * 2**20  # read per block: 16,384 rows of 512-d float32
+
+# Maps whose pages are the file's own: dropping them loses nothing. A copy-on-write map ("c")
+# holds private pages that MADV_DONTNEED would throw away.
+SHARED_MODES = ("r", "r+", "w+")
+
+
+def drop_pages(rows: np.ndarray) -> bool:
+    """Drop the pages under `rows` (a contiguous view into a shared memory map) from this
+    process's resident memory; reading them again maps them back from the file. Arrays in
+    memory, copy-on-write maps, strided views and platforms without madvise are left alone.
+    Returns whether pages were dropped."""
+    owner = _shared_map(rows)
+    if owner is None or rows.nbytes == 0 or not rows.flags.c_contiguous:
+        return False
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    first = rows.__array_interface__["data"][0] - _address(owner)
+    start = first // mmap.PAGESIZE * mmap.PAGESIZE  # madvise takes whole pages from a boundary
+    owner.madvise(mmap.MADV_DONTNEED, start, first + rows.nbytes - start)
+    return True
+
+
+def blocks(vectors: np.ndarray, size: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, vectors[first : first + size]) in row order (size: BLOCK_BYTES of rows unless
+    given), each block's pages dropped (drop_pages) once the caller asks for the next one or
+    stops: a memory-mapped array is read with at most one block of it resident."""
+    step = size or max(1, BLOCK_BYTES // max(1, vectors[:1].nbytes))
+    for start in range(0, len(vectors), step):
+        block = vectors[start : start + step]
+        try:
+            yield start, block
+        finally:
+            drop_pages(block)
+
+
+def _shared_map(rows: np.ndarray) -> mmap.mmap | None:
+    """The mmap under `rows` when every memmap on the way to it maps the file shared."""
+    base: object = rows
+    seen_memmap = False
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap):
+            if base.mode not in SHARED_MODES:
+                return None
+            seen_memmap = True
+        base = base.base
+    return base if isinstance(base, mmap.mmap) and seen_memmap else None
+
+
+def _address(owner: mmap.mmap) -> int:
+    """Where the map starts in this process's memory (read-only maps included)."""
+    view = np.frombuffer(owner, dtype=np.uint8, count=1)
+    return int(view.__array_interface__["data"][0])
