@@ -754,7 +754,8 @@ def fit_to_budget(
     from pactl import budget
 
     cfg = t.cfg
-    elapsed, per_epoch = agree(t.world, [elapsed, eval_seconds if estimate is None else estimate])
+    per_epoch = eval_seconds if estimate is None else estimate
+    elapsed, per_epoch, eval_seconds = agree(t.world, [elapsed, per_epoch, eval_seconds])
     chosen = budget.plan(
         cfg.time_budget, elapsed, per_epoch, eval_seconds,
         cfg.epochs, cfg.lr_decay_step, cfg.warmup_epochs,
