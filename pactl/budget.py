@@ -40,15 +40,6 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def shown(seconds: float) -> str:
-    """900.0 -> `15 min`, 90.0 -> `90 s`, 5400.0 -> `1.5 h`."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 3 * 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 @dataclass(frozen=True)
 class Plan:
     epochs: int

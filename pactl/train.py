@@ -768,14 +768,14 @@ def fit_to_budget(
     )
     t.scheduler = make_scheduler(t.optimizer, t.cfg)
     reporter.log(
-        f"time budget {budget.shown(cfg.time_budget)}: {budget.shown(elapsed)} spent, about "
-        f"{budget.shown(per_epoch)} per epoch: {counted(chosen.epochs, 'epoch')}, "
+        f"time budget {_duration(cfg.time_budget)}: {_duration(elapsed)} spent, about "
+        f"{_duration(per_epoch)} per epoch: {counted(chosen.epochs, 'epoch')}, "
         + describe_schedule(t.cfg).removeprefix("schedule: ")
     )
     if not chosen.fits:
         reporter.warn(
-            f"the time budget ({budget.shown(cfg.time_budget)}) leaves less than one epoch "
-            f"(about {budget.shown(per_epoch)}) after epoch 0: training one epoch anyway"
+            f"the time budget ({_duration(cfg.time_budget)}) leaves less than one epoch "
+            f"(about {_duration(per_epoch)}) after epoch 0: training one epoch anyway"
         )
 
 
@@ -793,7 +793,7 @@ def over_budget(
         return False
     reporter.warn(
         f"stopping after epoch {epoch + 1} of {t.cfg.epochs}: one more epoch (about "
-        f"{budget.shown(last)}) would end past the {budget.shown(t.cfg.time_budget)} budget"
+        f"{_duration(last)}) would end past the {_duration(t.cfg.time_budget)} budget"
     )
     return True
 
@@ -944,13 +944,11 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
 
 
 def describe_budget(cfg: TrainConfig) -> list[str]:
-    from pactl.budget import shown
-
     if not cfg.time_budget:
         return []
     return [
-        f"time budget {shown(cfg.time_budget)}: after epoch 0, the epochs are fitted to it from "
-        "the measured step and evaluation times, the decay step and warm-up scaled from the "
+        f"time budget {_duration(cfg.time_budget)}: after epoch 0, the epochs are fitted to it "
+        "from the measured step and evaluation times, the decay step and warm-up scaled from the "
         "schedule above (its shape, not its length); the run stops early if an epoch would "
         "end past it"
     ]
