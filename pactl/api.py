@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pactl import _API
 from pactl.config import IndexConfig, ModelConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
@@ -37,16 +38,7 @@ if TYPE_CHECKING:
     # batch (B, 3, S, S) already preprocessed as Index.preprocess does.
     Query = str | Path | Image.Image | torch.Tensor
 
-__all__ = [
-    "Hit",
-    "Index",
-    "Vectors",
-    "build_index",
-    "embed_folder",
-    "load_model",
-    "open_index",
-    "read_vectors",
-]
+__all__ = list(_API)  # the names pactl/__init__ hands on lazily
 
 
 def _reporter(progress: bool) -> Reporter:
