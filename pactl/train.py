@@ -65,6 +65,10 @@ class Trainer:
     cfg: TrainConfig
     model_cfg: ModelConfig
     writer: Any = None  # a TensorBoard SummaryWriter with --tensorboard (first process only)
+    # The calibration split's (vectors, labels) from the latest evaluation, and from best.pt's:
+    # its same-item calibration reads them instead of embedding the split once more.
+    evaluated: tuple[np.ndarray, np.ndarray] | None = None
+    best_vectors: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -310,11 +314,13 @@ def evaluate(
     reporter: Reporter,
     with_nmi: bool = True,
     prepare: bool | None = None,
+    keep: list[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> dict[str, float]:
     """Recall@K, MAP@R, R-precision (and NMI) on the test split, or query vs gallery.
 
     `prepare` as in embed_files; training passes False: a network that changes every epoch
-    would be traced and frozen anew each time, which small networks do not pay back.
+    would be traced and frozen anew each time, which small networks do not pay back. `keep`
+    (a list) receives the (vectors, labels) scored, where there is no gallery.
     """
     from pactl import metrics
 
@@ -329,6 +335,8 @@ def evaluate(
         return {**scores, "mean_cos": mean_pairwise_cosine(g)}
     split = "val" if manifest.has_split("val") else "test"
     v, vl = vectors(split)
+    if keep is not None:
+        keep.append((v, vl))
     scores = metrics.evaluate(v, vl, cfg.eval_ks, with_nmi=with_nmi, seed=cfg.seed)
     return {**scores, "mean_cos": mean_pairwise_cosine(v)}
 
@@ -368,16 +376,20 @@ def calibrate_checkpoint(
     cfg: TrainConfig,
     device: torch.device,
     reporter: Reporter,
+    embedded: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Calibration:
     """The same-item threshold of the checkpoint's network at cfg.precision, measured on the
     pairs of `part` (held-out classes), stored in the checkpoint, its precision-recall curve
-    drawn beside it (calibration.png)."""
+    drawn beside it (calibration.png). `embedded`: the (vectors, labels) of `part` by that
+    network, where they are at hand (training's evaluation of the best epoch)."""
     from pactl.calibrate import CalibrationConfig, calibrate, describe
     from pactl.report import plot_calibration
 
-    model, model_cfg, _ = ckpt.load_model(path)
-    model.to(device)
-    vectors, labels = split_vectors(model, part, split, model_cfg, cfg, device, reporter)
+    if embedded is None:
+        model, model_cfg, _ = ckpt.load_model(path)
+        model.to(device)
+        embedded = split_vectors(model, part, split, model_cfg, cfg, device, reporter)
+    vectors, labels = embedded
     config = CalibrationConfig(precision=cfg.precision, seed=cfg.seed)
     calibration = calibrate(vectors, labels, config, split)
     ckpt.store_calibration(path, calibration.to_dict())
@@ -392,7 +404,9 @@ def calibrate_run(t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter)
     part, split = (splits.val, "val") if len(splits.val) else (splits.test, "test")
     try:
         with writing_in(run_dir):
-            calibrate_checkpoint(run_dir / "best.pt", part, split, t.cfg, t.device, reporter)
+            calibrate_checkpoint(
+                run_dir / "best.pt", part, split, t.cfg, t.device, reporter, t.best_vectors
+            )
     except PactlError as e:
         reporter.warn(f"best.pt has no same-item calibration: {e}")
 
@@ -417,14 +431,16 @@ class Splits:
 SKIPPED_FILE = "skipped.csv"  # the images of a run's manifest whose headers cannot be read
 
 
-def readable_rows(manifest: Manifest, run_dir: Path, reporter: Reporter, main: bool) -> Manifest:
+def readable_rows(
+    manifest: Manifest, run_dir: Path, reporter: Reporter, main: bool, shared: Path | None = None
+) -> Manifest:
     """The manifest less the images whose header cannot be read (checked all at once before
     training, not met one by one when drawn), which are reported once: one warning, and
-    run_dir/skipped.csv (path, reason) written by the main process."""
-    from pactl.images import unreadable_images
+    run_dir/skipped.csv (path, reason) written by the main process. With `shared` (a sweep's
+    cache folder), a check of the same files, unchanged since, is read from there."""
     from pactl.output import write_rows
 
-    bad = unreadable_images(manifest.files(), reporter if main else QUIET)
+    bad = unreadable_files(manifest.files(), reporter if main else QUIET, shared)
     if not bad:
         return manifest
     if main:
@@ -438,6 +454,27 @@ def readable_rows(manifest: Manifest, run_dir: Path, reporter: Reporter, main: b
     gone = {path for path, _ in bad}
     keep = [i for i, f in enumerate(manifest.files()) if str(f) not in gone]
     return dataclasses.replace(manifest.subset(keep), duplicates=manifest.duplicates)
+
+
+def unreadable_files(
+    files: list[Path], reporter: Reporter, shared: Path | None
+) -> list[tuple[str, str]]:
+    """images.unreadable_images, or its result for the same files stored under `shared`."""
+    from pactl import start_cache
+    from pactl.images import unreadable_images
+
+    if shared is None:
+        return unreadable_images(files, reporter)
+    folder, key = shared / start_cache.HEADERS, start_cache.headers_key(files)
+    found = start_cache.read_unreadable(folder, key)
+    if found is not None:
+        reporter.log(f"image headers: checked before for these {len(files):,} files")
+        return found
+    bad = unreadable_images(files, reporter)
+    why = start_cache.write_unreadable(folder, key, bad)
+    if why is not None:
+        reporter.log(f"header check not shared: {why}")
+    return bad
 
 
 def check_splits(manifest: Manifest, cfg: TrainConfig, unreadable: int = 0) -> Splits:
@@ -649,8 +686,8 @@ def fit(
     """Train on the train split; evaluate before the first step (epoch 0) and after each epoch
     on the validation classes (which choose best.pt) and the test classes. With a time budget
     (not on resume: the plan made at the start stands), epochs are fitted to it after epoch 0.
-    `shared_start`: a folder where runs whose networks start alike share their epoch-0 row
-    (pactl.start_cache)."""
+    `shared_start`: a folder where runs that start alike share their epoch-0 row, BatchNorm
+    calibration and header check (pactl.start_cache)."""
     began = time.perf_counter()
     world = init_world(cfg.device)
     if cfg.batch_size % world.size:
@@ -658,7 +695,7 @@ def fit(
             f"--batch-size {cfg.batch_size} is not divisible by {world.size} processes"
         )
     cfg = resolve_train_config(model_cfg, cfg, world)
-    readable = readable_rows(manifest, run_dir, reporter, world.is_main)
+    readable = readable_rows(manifest, run_dir, reporter, world.is_main, shared_start)
     splits = check_splits(readable, cfg, len(manifest) - len(readable))
     manifest = readable
     if cfg.selection == "val" and not len(splits.val):
@@ -823,7 +860,7 @@ def evaluate_start(
     with (read from `shared` where a run that started alike stored it); then an estimate of an
     epoch's duration. Returns (epoch 0's seconds, the estimate)."""
     if t.model_cfg.weights == "none" and not t.cfg.freeze_bn:
-        calibrate_batchnorm(t, splits.train)
+        calibrate_batchnorm(t, splits.train, shared=shared, reporter=reporter)
     row: dict[str, Any] = {"epoch": 0, "seconds": 0.0}
     if t.world.is_main:
         row.update(start_metrics(t, splits, run_dir, reporter, shared))
@@ -853,6 +890,7 @@ def start_metrics(
 
     if shared is None:
         return timed_evaluation(t, splits, reporter)
+    shared = shared / start_cache.EPOCH0
     state = ckpt.fingerprint(ckpt.clean_state_dict(t.net))  # after the BatchNorm calibration
     parts = {"train": splits.train, "val": splits.val, "test": splits.test}
     data = {name: data_fingerprint(part) for name, part in parts.items()}
@@ -881,16 +919,60 @@ def device_words(device: torch.device) -> str:
     return device.type
 
 
-def calibrate_batchnorm(t: Trainer, train: Manifest, batches: int = 8) -> None:
+def calibrate_batchnorm(
+    t: Trainer,
+    train: Manifest,
+    batches: int = 8,
+    shared: Path | None = None,
+    reporter: Reporter = QUIET,
+) -> None:
     """Random weights come with BatchNorm statistics (mean 0, variance 1) that describe no
     data: evaluated with them, a random network is another network than the one training
     sees. Their running statistics are set to the average over a few training batches (test
-    transform, no gradient), so epoch 0 measures the network training starts from."""
+    transform, no gradient), so epoch 0 measures the network training starts from. With
+    `shared` (a sweep's cache folder), a network that starts from the same state on the same
+    batches loads the statistics stored there."""
+    from pactl import start_cache
+    from pactl.provenance import data_fingerprint
+
     norms = [m for m in t.net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not norms:
         return
     size = min(t.cfg.batch_size // t.world.size, len(train))
-    files = train.files()[: size * batches]
+    key = folder = None
+    if shared is not None:
+        folder = shared / start_cache.BATCHNORM
+        state = ckpt.fingerprint(ckpt.clean_state_dict(t.net))
+        key = start_cache.batchnorm_key(
+            state, data_fingerprint(train), t.model_cfg, size, batches, device_words(t.device)
+        )
+        found = start_cache.read_buffers(folder, key)
+        if found is not None and set(found) == set(batchnorm_buffers(t.net)):
+            with torch.no_grad():
+                for name, value in batchnorm_buffers(t.net).items():
+                    value.copy_(found[name])
+            reporter.log("BatchNorm statistics: calibrated before for this start, reused")
+            return
+    run_batchnorm_calibration(t, norms, train.files()[: size * batches], size)
+    if folder is not None and key is not None and t.world.is_main:
+        why = start_cache.write_buffers(folder, key, batchnorm_buffers(t.net))
+        if why is not None:
+            reporter.log(f"BatchNorm calibration not shared: {why}")
+
+
+def batchnorm_buffers(net: nn.Module) -> dict[str, torch.Tensor]:
+    """Every BatchNorm layer's buffers (running mean and variance, batches counted), by name."""
+    return {
+        f"{name}.{buffer}": value
+        for name, module in net.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        for buffer, value in module.named_buffers(recurse=False)
+    }
+
+
+def run_batchnorm_calibration(
+    t: Trainer, norms: list[nn.modules.batchnorm._BatchNorm], files: list[Path], size: int
+) -> None:
     momenta = [m.momentum for m in norms]
     for m in norms:
         m.reset_running_stats()
@@ -1021,11 +1103,20 @@ def _count(part: Manifest) -> str:
 
 
 def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) -> dict[str, float]:
-    """Test metrics, and validation ones prefixed with val_."""
-    scores = evaluate(t.net, splits.test, t.model_cfg, t.cfg, t.device, reporter, nmi, False)
-    if len(splits.val):
-        val = evaluate(t.net, splits.val, t.model_cfg, t.cfg, t.device, reporter, False, False)
-        scores.update({f"val_{k}": v for k, v in val.items() if k != "mean_cos"})
+    """Test metrics, and validation ones prefixed with val_; the vectors of the split that
+    calibrates best.pt (validation, else test) kept in t.evaluated."""
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    val = len(splits.val) > 0
+    scores = evaluate(
+        t.net, splits.test, t.model_cfg, t.cfg, t.device, reporter, nmi, False,
+        keep=None if val else kept,
+    )  # fmt: skip
+    if val:
+        found = evaluate(
+            t.net, splits.val, t.model_cfg, t.cfg, t.device, reporter, False, False, keep=kept
+        )
+        scores.update({f"val_{k}": v for k, v in found.items() if k != "mean_cos"})
+    t.evaluated = kept[0] if kept else None
     return scores
 
 
@@ -1113,6 +1204,7 @@ def record_epoch(
                 "score": score[0],
                 "then": score[1],
             }
+            t.best_vectors, t.evaluated = t.evaluated, None
             weights = ckpt.clean_state_dict(t.model)
             ckpt.save(
                 run_dir / "best.pt",

@@ -101,8 +101,9 @@ def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
     model_cfg = ModelConfig(backbone="small", weights="none", image_size=16, resize_size=16)
     net, model_cfg = build_model(model_cfg)
     t = SimpleNamespace(
-        cfg=TrainConfig(epochs=4, selection="val"), model=net, model_cfg=model_cfg, writer=None
-    )
+        cfg=TrainConfig(epochs=4, selection="val"), model=net, model_cfg=model_cfg, writer=None,
+        evaluated=None, best_vectors=None,
+    )  # fmt: skip
     columns = train.metric_columns(TrainConfig(eval_ks=(1,)), with_val=True)
 
     def run(folder: Path, val_map: list[float]) -> int:
@@ -113,8 +114,11 @@ def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
             row.update({"val_recall@1": 1.0, "val_map@r": m, "mean_cos": 0.5, "seconds": 1.0})
             state["last"] = {k: v for k, v in row.items() if "@" in k}
             state["start"] = state["start"] or row
+            t.evaluated = (np.full((2, 2), epoch), np.arange(2))  # this epoch's vectors
             train.record_epoch(t, folder, row, columns, ["a", "b"], state, QUIET)
         assert ckpt.load(folder / "best.pt")["epoch"] == state["best"]["epoch"]
+        # best.pt's calibration reads the vectors of the epoch best.pt holds
+        assert t.best_vectors[0][0, 0] == state["best"]["epoch"]
         assert best_epoch(read_metrics(folder / "metrics.csv"), "val") == state["best"]["epoch"]
         return int(state["best"]["epoch"])
 

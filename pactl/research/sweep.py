@@ -4,7 +4,8 @@ A sweep folder holds everything: sweep.json (what is swept, the base recipe), jo
 (Optuna's JournalStorage: a file, so hosts sharing the folder over NFS share the work without a
 database), points/<point>-s<seed>/ (one ordinary run folder per point and seed) and
 locks/<point>-s<seed>/ (a writer lock each: a point is trained by one process at a time) and
-cache/epoch0/ (the epoch-0 rows of networks that start alike, computed once: pactl.start_cache).
+cache/ (what points that start alike compute once: the epoch-0 row, the BatchNorm calibration of a
+random network, the header check of the images; pactl.start_cache).
 
 The run folders are what makes a sweep resumable: a point whose run folder has all its epochs is
 read back, never trained again; one with a checkpoint.pt resumes from it; one without starts
@@ -342,7 +343,7 @@ def run_point(
         prepare_run_dir(run, resume=resume, overwrite=not resume)
         if resume:  # the run's own settings: a time budget's plan is in them
             configs = resumed_configs(run)[1:]
-        shared = folder / "cache" / "epoch0"
+        shared = folder / "cache"
         return fit(
             source, manifest, *configs, run, reporter, resume=resume, shared_start=shared
         ).best_metrics
