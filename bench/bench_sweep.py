@@ -25,6 +25,9 @@ batching) and of the test loader, and the training steps over the train loader's
     python bench/bench_sweep.py /tmp/pactl-real/fonts                 # 2 points x 2 epochs
     python bench/bench_sweep.py /tmp/pactl-real/fonts --epochs 3 --values 16,32,64
     python bench/bench_sweep.py /tmp/pactl-real/fonts --decoding
+    python bench/bench_sweep.py /tmp/pactl-real/fonts --values 4,8,16,32,64 \
+        --set backbone=timm:efficientnet_lite0 --set weights=/tmp/pactl-real/lite0.pth \
+        --set image_size=64                           # the loss study's network
 
 Results (a markdown table) go to stdout, progress to stderr.
 """
@@ -60,11 +63,20 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--values", default="16,32", help="alpha values: the sweep's points")
     parser.add_argument("--decoding", action="store_true", help="decoding against the steps")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a setting in place of the recipe's (as pactl sweep --set), repeatable",
+    )  # fmt: skip
     args = parser.parse_args()
+    given = dict(sweep.parse_setting(text, many=False) for text in args.set)
     config = SweepConfig(
         source=str(args.data),
         params=(("alpha", tuple(float(v) for v in args.values.split(","))),),
-        fixed=(*FIXED, ("epochs", args.epochs)),
+        fixed=(
+            *((k, v) for k, v in FIXED if k not in given),
+            *given.items(),
+            ("epochs", args.epochs),
+        ),
     )
     began = time.process_time(), time.perf_counter()
     print(decoding_table(config) if args.decoding else overhead_table(config, args.epochs))

@@ -4,6 +4,7 @@ norm."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
@@ -117,23 +118,31 @@ def check_model_config(
         )
 
 
+@functools.lru_cache(maxsize=64)
 def has_class_token(backbone: str) -> bool:
     """Whether the backbone's features are tokens led by a class token (meta device: no
-    weights, no time)."""
+    weights; remembered per backbone, as the architecture does not change)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         module = build_backbone(backbone, "none").module
     return bool(getattr(module, "class_token", False))
 
 
 def input_problem(config: ModelConfig) -> str | None:
-    """Why the backbone cannot take crops of config.image_size px, or None when it can. Tried on
-    the bare architecture on the meta device: shapes only, no weights, no memory, no time."""
+    """Why the backbone cannot take crops of config.image_size px, or None when it can."""
+    return size_problem(config.backbone, config.image_size)
+
+
+@functools.lru_cache(maxsize=256)
+def size_problem(backbone: str, side: int) -> str | None:
+    """input_problem for a backbone name and crop side. Tried on the bare architecture on the
+    meta device: shapes only, no weights, no memory; still half a second for a timm network,
+    so remembered (a sweep checks every point's config, and every checkpoint it loads)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        module = build_backbone(config.backbone, "none").module.eval()
-    problem = _fails(module, config.image_size)
+        module = build_backbone(backbone, "none").module.eval()
+    problem = _fails(module, side)
     if problem != VANISHES:
         return problem  # None, or the backbone's own words on which sizes it takes
-    works = [s for s in range(config.image_size + 1, PROBE_UP_TO + 1) if not _fails(module, s)]
+    works = [s for s in range(side + 1, PROBE_UP_TO + 1) if not _fails(module, s)]
     return problem + (f"; use at least {works[0]}" if works else "")
 
 

@@ -182,8 +182,12 @@ def curves_figure(rows: Sequence[dict[str, float]], run_name: str, selection: st
     from matplotlib.ticker import MaxNLocator
 
     with_map = any("map@r" in r or "val_map@r" in r for r in rows)
-    fig = Figure(figsize=(4.2 * (3 if with_map else 2), 3.6), layout="constrained")
-    axes = list(fig.subplots(1, 3 if with_map else 2, sharex=True))  # epochs line up
+    panels = 3 if with_map else 2
+    # Fixed margins rather than layout="constrained", which lays the text out several times and
+    # took 0.3 of the 0.5 s a sweep point spent drawing this (docs/benchmarks.md).
+    fig = Figure(figsize=(4.2 * panels, 3.6))
+    fig.subplots_adjust(left=0.2 / panels, right=0.99, bottom=0.14, top=0.84, wspace=0.25)
+    axes = list(fig.subplots(1, panels, sharex=True))  # epochs line up
     _series(axes[0], rows, [("loss", "training loss", "tab:orange")], zoomed=False)
     axes[0].set_title("training loss")
     pairs = [("test classes", "tab:green"), ("validation classes", "tab:blue")]
