@@ -52,7 +52,8 @@ class TrainConfig:
     freeze_bn: bool | None = None  # keep BatchNorm statistics fixed; None: when pretrained
     sync_bn: bool | None = None  # SyncBatchNorm under torchrun; None: when BatchNorm trains
     grad_clip: float = 10.0  # clip gradient values (as the official loop does); 0 disables
-    augment: str = "rrc_flip"  # train-time augmentation: rrc_flip | light | none
+    augment: str = "rrc_flip"  # train-time augmentation: rrc_flip | flip | light | none
+    crop_scale: float = 0.08  # rrc_flip's smallest crop, as a share of the image's area
     sampler: str = "shuffle"  # shuffle | m_per_class
     m_per_class: int = 4  # images per class in a batch with the m_per_class sampler
     eval_ks: tuple[int, ...] = (1, 2, 4, 8)  # Recall@K reported each epoch
@@ -361,7 +362,8 @@ TRAIN_RULES: dict[str, Rule] = {
     "freeze_bn": optional(flag()),
     "sync_bn": optional(flag()),
     "grad_clip": number(0, 1e6),
-    "augment": choice("rrc_flip", "light", "none"),
+    "augment": choice("rrc_flip", "flip", "light", "none"),
+    "crop_scale": number(0, 1, above=True),
     "sampler": choice("shuffle", "m_per_class"),
     "m_per_class": integer(1, MAX_BATCH_SIZE),
     "eval_ks": Rule(

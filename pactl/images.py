@@ -313,21 +313,38 @@ def _tensor_tail(mean: Sequence[float], std: Sequence[float]) -> list[Callable]:
     return [T.ToTensor(), T.Normalize(mean=list(mean), std=list(std))]
 
 
-def _test_steps(image_size: int, resize_size: int, mode: T.InterpolationMode) -> list[Callable]:
+def _test_steps(
+    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 1.0
+) -> list[Callable]:
     if resize_size == image_size:
         return [T.Resize((image_size, image_size), mode, antialias=True)]
     return [T.Resize(resize_size, mode, antialias=True), T.CenterCrop(image_size)]
 
 
-def _rrc_flip_steps(image_size: int, resize_size: int, mode: T.InterpolationMode) -> list[Callable]:
-    # The official Proxy-Anchor train transform (torchvision's default scale and ratio ranges).
+def _rrc_flip_steps(
+    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 0.08
+) -> list[Callable]:
+    # The official Proxy-Anchor train transform at crop_scale 0.08 (torchvision's default scale
+    # and ratio ranges); a larger crop_scale keeps more of each image.
     return [
-        T.RandomResizedCrop(image_size, interpolation=mode, antialias=True),
+        T.RandomResizedCrop(
+            image_size, scale=(crop_scale, 1.0), interpolation=mode, antialias=True
+        ),
         T.RandomHorizontalFlip(),
     ]
 
 
-def _light_steps(image_size: int, resize_size: int, mode: T.InterpolationMode) -> list[Callable]:
+def _flip_steps(
+    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 1.0
+) -> list[Callable]:
+    # The whole image, mirrored half the time: what small images keep when a crop of 8% of
+    # them would leave a few pixels.
+    return [T.Resize((image_size, image_size), mode, antialias=True), T.RandomHorizontalFlip()]
+
+
+def _light_steps(
+    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 1.0
+) -> list[Callable]:
     # Small jitter for digits and similar: no flip, since a mirrored 2 or 7 is not a 2 or 7.
     return [
         T.Resize((image_size, image_size), mode, antialias=True),
@@ -335,8 +352,9 @@ def _light_steps(image_size: int, resize_size: int, mode: T.InterpolationMode) -
     ]
 
 
-AUGMENTS: dict[str, Callable[[int, int, T.InterpolationMode], list[Callable]]] = {
+AUGMENTS: dict[str, Callable[[int, int, T.InterpolationMode, float], list[Callable]]] = {
     "rrc_flip": _rrc_flip_steps,
+    "flip": _flip_steps,
     "light": _light_steps,
     "none": _test_steps,
 }
@@ -350,11 +368,13 @@ def build_transform(
     train: bool,
     augment: str = "rrc_flip",
     interpolation: str = "bilinear",
+    crop_scale: float = 0.08,
 ) -> Transform:
     """PIL RGB image -> normalised (3, image_size, image_size) float tensor.
 
     Test: Resize(resize_size) then CenterCrop(image_size), or a straight square resize when the
-    two sizes are equal. Train: the steps named by `augment` (a key of AUGMENTS). Resizes use
+    two sizes are equal. Train: the steps named by `augment` (a key of AUGMENTS); rrc_flip's
+    crops keep from `crop_scale` of the image's area to all of it. Resizes use
     `interpolation` (bilinear | bicubic | nearest | ...), the filter the weights were tuned with.
     """
     if augment not in AUGMENTS:
@@ -364,8 +384,11 @@ def build_transform(
     except ValueError:
         choices = ", ".join(m.value for m in T.InterpolationMode)
         raise KeyError(f"unknown interpolation {interpolation!r}; choices: {choices}") from None
-    steps = AUGMENTS[augment] if train else _test_steps
-    return T.Compose([*steps(image_size, resize_size, mode), *_tensor_tail(mean, std)])
+    if train:
+        steps = AUGMENTS[augment](image_size, resize_size, mode, crop_scale)
+    else:
+        steps = _test_steps(image_size, resize_size, mode)
+    return T.Compose([*steps, *_tensor_tail(mean, std)])
 
 
 # --------------------------------------------------------------------------- dataset

@@ -23,6 +23,7 @@ def loader_for(
     device: torch.device,
     train: bool = False,
     augment: str = "none",
+    crop_scale: float = 0.08,
     sampler: torch.utils.data.Sampler[int] | None = None,
     generator: torch.Generator | None = None,
     draft: bool = True,
@@ -41,6 +42,7 @@ def loader_for(
         train=train,
         augment=augment,
         interpolation=model_config.interpolation or "bilinear",
+        crop_scale=crop_scale,
     )
     # Training and evaluation decode in full (as the official loader does): JPEG draft mode
     # scales in the DCT, which changes pixels; embedding large collections may take the speed.

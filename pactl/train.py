@@ -300,6 +300,7 @@ def train_loader(
         t.device,
         train=True,
         augment=cfg.augment,
+        crop_scale=cfg.crop_scale,
         sampler=RankSlice(base, cfg.batch_size, t.world),
         generator=worker_gen,
     )
@@ -1129,8 +1130,9 @@ def estimate_epoch(
     files = train.files()[: t.cfg.batch_size // t.world.size]
     began = time.perf_counter()
     loader = loader_for(
-        files, None, t.model_cfg, len(files), 0, t.device, train=True, augment=t.cfg.augment
-    )
+        files, None, t.model_cfg, len(files), 0, t.device, train=True, augment=t.cfg.augment,
+        crop_scale=t.cfg.crop_scale,
+    )  # fmt: skip
     batch = next(iter(loader))
     decoding = time.perf_counter() - began
     if len(batch.indices) < 2:

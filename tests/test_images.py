@@ -481,6 +481,52 @@ def test_light_transform() -> None:
     assert "RandomHorizontalFlip" not in names and "RandomAffine" in names
 
 
+def test_flip_transform_keeps_the_whole_image_mirrored_or_not() -> None:
+    img = Image.new("RGB", (40, 20), (0, 0, 255))
+    img.paste((255, 0, 0), (0, 0, 10, 20))  # left quarter red
+    red = normalised((255, 0, 0))[0]
+    t = build_transform(16, 16, MEAN, STD, train=True, augment="flip")
+    torch.manual_seed(0)
+    seen = set()
+    for _ in range(16):
+        x = t(img)
+        assert x.shape == (3, 16, 16)
+        left, right = x[0, 8, 1].item(), x[0, 8, 14].item()
+        assert np.isclose(left, red, atol=1e-3) != np.isclose(right, red, atol=1e-3)
+        seen.add("left" if np.isclose(left, red, atol=1e-3) else "right")
+        assert x[0, :, 4:12].max().item() < red - 1  # nothing cropped or moved: the middle blue
+    assert seen == {"left", "right"}
+
+
+def test_crop_scale_bounds_the_random_crop() -> None:
+    """Red rises left to right and green top to bottom, so a crop's share of the picture's area
+    reads off its output as (red range) x (green range). At crop_scale 1.0 every crop is the
+    whole picture (a square cannot take another aspect ratio at full area); at s, no crop
+    covers less than s (less the resize's blur at the edges); 0.08 makes crops below 0.5."""
+    ramp = np.arange(64, dtype=np.uint8) * 4
+    red, green = np.tile(ramp, (64, 1)), np.tile(ramp[:, None], (1, 64))
+    img = Image.fromarray(np.stack([red, green, np.zeros_like(red)], axis=-1))
+    plain = dict(mean=(0.0,) * 3, std=(1.0,) * 3)
+    whole = build_transform(32, 32, train=False, **plain)(img)
+
+    def area(x: torch.Tensor) -> float:
+        return float((x[0].max() - x[0].min()) * (x[1].max() - x[1].min()) / 252**2 * 255**2)
+
+    torch.manual_seed(3)
+    full = build_transform(32, 32, train=True, augment="rrc_flip", crop_scale=1.0, **plain)
+    for _ in range(8):
+        x = full(img)
+        assert torch.allclose(x, whole, atol=1e-5) or torch.allclose(
+            x, torch.flip(whole, dims=[2]), atol=1e-5
+        )
+    for scale in (0.5, 0.08):
+        t = build_transform(32, 32, train=True, augment="rrc_flip", crop_scale=scale, **plain)
+        areas = [area(t(img)) for _ in range(200)]
+        assert min(areas) > 0.85 * scale
+        if scale < 0.5:
+            assert min(areas) < 0.5
+
+
 def test_unknown_augment_lists_choices() -> None:
     with pytest.raises(KeyError, match="rrc_flip"):
         build_transform(32, 32, MEAN, STD, train=True, augment="mixup")

@@ -102,6 +102,7 @@ class Loss(str, Enum):
 
 class Augment(str, Enum):
     rrc_flip = "rrc_flip"
+    flip = "flip"
     light = "light"
     none = "none"
 

@@ -131,7 +131,15 @@ def train(
         Augment | None,
         typer.Option(
             help="Train-time augmentation: rrc_flip (random resized crop + flip, the paper's), "
-            "light (small affine jitter, no flip: glyphs, digits), none."
+            "flip (the whole image, mirrored half the time), light (small affine jitter, no "
+            "flip: glyphs, digits), none."
+        ),
+    ] = None,
+    crop_scale: Annotated[
+        float | None,
+        typer.Option(
+            help="rrc_flip's smallest crop as a share of the image's area (the paper's 0.08; "
+            "1.0 keeps whole images, only reshaped).",
         ),
     ] = None,
     sampler: Annotated[Sampler | None, typer.Option(help="shuffle | m_per_class.")] = None,
@@ -246,6 +254,7 @@ def train(
             freeze_bn=freeze_bn,
             sync_bn=sync_bn,
             augment=_value(augment),
+            crop_scale=crop_scale,
             sampler=_value(sampler),
             m_per_class=m,
             seed=seed,
@@ -417,7 +426,7 @@ RESUME_REFUSES = {
     "source", "preset", "backbone", "weights", "dim", "image_size", "resize_size", "batch_size",
     "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss", "warmup_epochs",
     "lr_decay_step", "lr_decay_gamma", "freeze_bn", "sync_bn", "val_classes", "augment",
-    "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links", "name",
+    "crop_scale", "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links", "name",
     "pooling", "seeds", "tensorboard", "time_budget",
 }  # fmt: skip
 
