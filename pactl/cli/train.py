@@ -426,8 +426,8 @@ RESUME_REFUSES = {
     "source", "preset", "backbone", "weights", "dim", "image_size", "resize_size", "batch_size",
     "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss", "warmup_epochs",
     "lr_decay_step", "lr_decay_gamma", "freeze_bn", "sync_bn", "val_classes", "augment",
-    "crop_scale", "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links", "name",
-    "pooling", "seeds", "tensorboard", "time_budget",
+    "crop_scale", "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links",
+    "name", "pooling", "seeds", "tensorboard", "time_budget",
 }  # fmt: skip
 
 
