@@ -101,3 +101,19 @@ def test_serve_answers_from_a_read_only_bundle(read_only_bundle: Path, tmp_path:
     assert answer.status_code == 200, answer.text
     assert len(answer.json()["results"][0]["hits"]) == 2
     assert not (read_only_bundle / ".pactl-lock").exists()
+
+
+def test_sweep_under_torchrun_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every torchrun process would take points of its own and wait in fit()'s first collective
+    for the others: a hang. One line instead, naming the way that works."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("PACTL_RUNS", str(tmp_path / "runs"))
+    code, out, err = run_cli(
+        ["sweep", "digits", "--param", "alpha=16,32", "--name", "s"], monkeypatch, capsys
+    )
+    assert code == 2 and out == ""
+    assert "does not run under torchrun" in one_error(err)
+    assert "CUDA_VISIBLE_DEVICES" in one_error(err)
+    assert not (tmp_path / "runs").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -79,6 +80,14 @@ def sweep(
     from pactl.runtime import resolve_device
 
     log = reporter(quiet)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Each process would take points of its own while fit() waited for the others in the
+        # first collective: a hang, not a sweep.
+        raise UsageError(
+            "pactl sweep trains each point in one process and does not run under torchrun: "
+            "run one `pactl sweep --resume DIR` per GPU instead, each with its own "
+            "CUDA_VISIBLE_DEVICES (docs/cli.md, sweep)"
+        )
     config = None
     if resume is not None:
         if source is not None or param or set_ or trials or name or preset:
