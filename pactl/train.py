@@ -760,6 +760,7 @@ def train_epoch(
     loss = train_one_epoch(t, train_loader(splits.train, labels, t, epoch), epoch, reporter)
     row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss, "lr": lr}
     last = epoch + 1 == cfg.epochs
+    t.evaluated = None  # an epoch left unevaluated (--eval-every) has no vectors of its own
     if t.world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):
         nmi = last or len(np.unique(splits.test.labels)) <= 1000
         row.update(evaluate_epoch(t, splits, reporter, nmi))
