@@ -65,8 +65,10 @@ def plan(
     per_epoch = max(epoch_seconds, 1e-6)
     fitted = math.floor(available / per_epoch) if available > 0 else 0
     epochs = min(max(fitted, 1), MAX_BUDGET_EPOCHS)
-    share = recipe_decay_step / max(recipe_epochs, 1)
-    decay = max(1, round(epochs * share))
+    if recipe_decay_step >= recipe_epochs:  # a constant rate stays constant
+        decay = max(recipe_decay_step, epochs)
+    else:
+        decay = max(1, round(epochs * recipe_decay_step / max(recipe_epochs, 1)))
     warmup = min(recipe_warmup, max(epochs - 1, 0))
     return Plan(epochs, decay, warmup, epoch_seconds, available, fitted >= 1)
 

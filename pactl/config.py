@@ -199,13 +199,39 @@ USER_CPU = Preset(
 )
 
 
-def preset_for(source: str, preset: str | None, device_type: str) -> Preset:
-    """The named preset, the dataset's own, or the user-data default for this kind of device."""
+# ... and on a CPU from random weights (--weights none): ResNet-18 at 64 px on whole images at a
+# constant learning rate. The pretrained recipe's network and crops are for ImageNet features:
+# from random weights EfficientNet-Lite0 learns little in minutes, and crops of 8% of a small
+# image leave too little of it (docs/benchmarks.md, "From random weights").
+USER_CPU_SCRATCH = Preset(
+    model=ModelConfig(backbone="resnet18", weights="none", image_size=64, resize_size=64),
+    train=TrainConfig(
+        epochs=12,
+        batch_size=128,
+        lr=1e-3,
+        lr_decay_step=1000,  # constant: no step falls within a run (a time budget keeps it so)
+        warmup_epochs=0,
+        freeze_bn=False,
+        augment="none",
+        workers=2,
+    ),
+    source="pactl default for your own data on a CPU from random weights: ResNet-18 at 64 px, "
+    "whole images, constant lr 1e-3, 12 epochs",
+)
+
+
+def preset_for(
+    source: str, preset: str | None, device_type: str, weights: str | None = None
+) -> Preset:
+    """The named preset, the dataset's own, or the user-data default for this kind of device
+    (on a CPU, the from-scratch one for `weights` none)."""
     if preset is not None:
         return PRESETS[preset]
     if source in PRESETS:
         return PRESETS[source]
-    return USER_CPU if device_type == "cpu" else USER_GPU
+    if device_type != "cpu":
+        return USER_GPU
+    return USER_CPU_SCRATCH if weights == "none" else USER_CPU
 
 
 C = TypeVar("C", ModelConfig, TrainConfig, IndexConfig)

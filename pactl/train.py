@@ -1019,12 +1019,45 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
             if cfg.val_classes
             else ""
         ),
-        f"test resize {model_cfg.resize_size} px, {model_cfg.interpolation}: "
-        "what the backbone's weights were evaluated with",
+        describe_test_resize(model_cfg),
+        describe_augment(model_cfg, cfg),
         describe_optimiser(cfg),
         describe_schedule(cfg),
         *describe_budget(cfg),
     ]
+
+
+def describe_test_resize(model_cfg: ModelConfig) -> str:
+    """How test images are sized, and why."""
+    if model_cfg.resize_size == model_cfg.image_size:
+        return (
+            f"test images resized whole to {model_cfg.image_size} px, {model_cfg.interpolation}"
+            + (": random weights come with no crop of their own" if not _pretrained(model_cfg)
+               else "")
+        )  # fmt: skip
+    return (
+        f"test resize {model_cfg.resize_size} px, {model_cfg.interpolation}, centre crop "
+        f"{model_cfg.image_size}: what the backbone's weights were evaluated with"
+    )
+
+
+def describe_augment(model_cfg: ModelConfig, cfg: TrainConfig) -> str:
+    """What training does to each image (pactl.images.AUGMENTS), in words."""
+    side = model_cfg.image_size
+    words = {
+        "rrc_flip": f"random crops of {cfg.crop_scale:.0%} to all of each image's area resized "
+        f"to {side} px, mirrored half the time"
+        + (" (the paper's)" if cfg.crop_scale == 0.08 else ""),
+        "flip": f"whole images resized to {side} px, mirrored half the time",
+        "light": f"whole images resized to {side} px, shifted, turned and scaled a little "
+        "(no mirror)",
+        "none": "each image as the test transform gives it, with no random change",
+    }
+    return f"augmentation {cfg.augment}: {words.get(cfg.augment, cfg.augment)}"
+
+
+def _pretrained(model_cfg: ModelConfig) -> bool:
+    return model_cfg.weights != "none"
 
 
 def describe_budget(cfg: TrainConfig) -> list[str]:

@@ -39,6 +39,12 @@ def test_plan_by_hand() -> None:
     assert (short.epochs, short.lr_decay_step, short.warmup_epochs, short.fits) == (1, 1, 0, False)
     # a tiny set under a long budget stops at MAX_BUDGET_EPOCHS
     assert budget.plan(1e6, 0, 0.01, 0, 8, 4, 0).epochs == budget.MAX_BUDGET_EPOCHS
+    # a constant rate (the from-scratch recipe: 12 epochs, decay every 1000) stays constant:
+    # 780 s hold 39 epochs of 20 s, and no step falls within them
+    constant = budget.plan(900, 100, 20, 20, 12, 1000, 0)
+    assert (constant.epochs, constant.lr_decay_step) == (39, 1000)
+    # a decay at the recipe's very end (12 of 12) stays at the end of the fitted run
+    assert budget.plan(900, 100, 20, 20, 12, 12, 0).lr_decay_step == 39
 
 
 def test_stop_early_by_hand() -> None:
@@ -67,13 +73,16 @@ def test_budget_fits_the_schedule_as_a_plain_run_would_have_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An epoch estimated at 300,000 s under a budget of 1,000,000 s: 3 epochs (whatever the few
-    seconds spent), the CPU recipe's decay at half the run (round(1.5) = 2) and its warm-up
-    epoch kept. The run is then the same as one asked for those settings."""
+    seconds spent), the recipe's decay (6 of its 12 epochs) at half the run (round(1.5) = 2) and
+    its warm-up epoch kept. The run is then the same as one asked for those settings."""
     import pactl.train
 
     monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: 300_000.0)
     make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
-    code, _, err = tiny(tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--name", "b")
+    code, _, err = tiny(
+        tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
+        "--name", "b",
+    )  # fmt: skip
     assert code == 0, err
     code, _, err = tiny(
         tmp_path, monkeypatch, capsys, "--epochs", "3", "--lr-decay-step", "2", "--name", "p"

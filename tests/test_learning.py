@@ -159,6 +159,43 @@ def test_user_data_on_a_cpu_gets_the_cpu_recipe(
     assert "CPU" in shown["why"][0]
 
 
+def test_user_data_from_random_weights_on_a_cpu_gets_the_from_scratch_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--weights none on a CPU: ResNet-18 at 64 px on whole images, a constant rate (the
+    pretrained recipe's network and crops measured far worse from random weights); an option
+    given still wins, and a dataset's own preset stays its own."""
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    imgs = str(tmp_path / "imgs")
+    code, out, _ = run_cli(
+        ["train", imgs, "--weights", "none", "--print-config"], monkeypatch, capsys
+    )
+    shown = json.loads(out)
+    assert code == 0 and "from random weights" in shown["why"][0]
+    model, train = shown["model"], shown["train"]
+    assert (model["backbone"], model["image_size"], model["resize_size"]) == ("resnet18", 64, 64)
+    assert (train["augment"], train["lr"], train["batch_size"]) == ("none", 1e-3, 128)
+    assert train["lr_decay_step"] > train["epochs"]  # constant
+    assert any("constant lr" in w for w in shown["why"])
+    assert any("resized whole to 64 px" in w for w in shown["why"])
+    asked = ["train", imgs, "--weights", "none", "--backbone", "timm:efficientnet_lite0",
+             "--image-size", "96", "--augment", "flip", "--print-config"]  # fmt: skip
+    code, out, _ = run_cli(asked, monkeypatch, capsys)
+    model, train = json.loads(out)["model"], json.loads(out)["train"]
+    assert (model["backbone"], model["image_size"], model["resize_size"]) == (
+        "timm:efficientnet_lite0", 96, 96,
+    )  # fmt: skip
+    assert train["augment"] == "flip"
+    code, out, _ = run_cli(
+        ["train", imgs, "--weights", "imagenet", "--print-config"], monkeypatch, capsys
+    )
+    assert json.loads(out)["model"]["backbone"] == "timm:efficientnet_lite0"
+    code, out, _ = run_cli(
+        ["train", "digits", "--weights", "none", "--print-config"], monkeypatch, capsys
+    )
+    assert json.loads(out)["model"]["backbone"] == "small"  # the dataset's preset
+
+
 # --- no silent collapse -------------------------------------------------------------------
 
 

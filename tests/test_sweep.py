@@ -135,7 +135,7 @@ def test_a_point_settles_its_settings_as_train_does(
     import dataclasses
 
     from pactl.distributed import World
-    from pactl.research.sweep import base_configs, point_configs
+    from pactl.research.sweep import sweep_point_configs
     from pactl.train import resolve_train_config
 
     make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
@@ -145,7 +145,7 @@ def test_a_point_settles_its_settings_as_train_does(
         fixed=(("epochs", 2),),
         preset=preset,
     )
-    model, train = point_configs(*base_configs(config, "cpu"), swept, 0, {"epochs"})
+    model, train = sweep_point_configs(config, "cpu", swept, 0)
     train = resolve_train_config(model, train, World())
     chosen = ["--preset", preset] if preset else []
     code, out, err = run_cli(
@@ -154,9 +154,13 @@ def test_a_point_settles_its_settings_as_train_does(
         monkeypatch, capsys,
     )  # fmt: skip
     assert code == 0, err
-    shown = json.loads(out)["train"]
-    for key in ("freeze_bn", "warmup_epochs", "val_classes", "selection", "epochs", "lr"):
-        assert dataclasses.asdict(train)[key] == shown[key], key
+    shown = json.loads(out)
+    assert dataclasses.asdict(model) == shown["model"]  # the same preset: from scratch, its own
+    for key in (
+        "freeze_bn", "warmup_epochs", "val_classes", "selection", "epochs", "lr", "augment",
+        "lr_decay_step", "batch_size",
+    ):  # fmt: skip
+        assert dataclasses.asdict(train)[key] == shown["train"][key], key
     if preset:  # the paper's preset chooses on the test classes unless classes are held out
         assert train.selection == ("val" if "val_classes" in swept else "test")
     else:  # random weights

@@ -234,7 +234,7 @@ def train(
         why: list[str] = []
     else:
         source = checked_source(source, preset)
-        chosen = preset_for(source, preset, device_type(device))
+        chosen = preset_for(source, preset, device_type(device), weights)
         model_cfg = model_settings(chosen, backbone, weights, dim, image_size, resize_size)
         model_cfg = override(model_cfg, pooling=_value(pooling))
         cfg = override(

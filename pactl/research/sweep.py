@@ -126,9 +126,13 @@ def parse_setting(text: str, many: bool) -> tuple[str, Any]:
     return key, parts
 
 
-def base_configs(config: SweepConfig, device_type: str) -> tuple[ModelConfig, TrainConfig]:
-    """The recipe every point starts from: the preset (as `pactl train` chooses it), --set."""
-    chosen: Preset = preset_for(config.source, config.preset, device_type)
+def base_configs(
+    config: SweepConfig, device_type: str, params: dict[str, Any] | None = None
+) -> tuple[ModelConfig, TrainConfig]:
+    """The recipe a point starts from: the preset (as `pactl train` chooses it, by the point's
+    weights where they are swept), --set."""
+    weights = (params or {}).get("weights", dict(config.fixed).get("weights"))
+    chosen: Preset = preset_for(config.source, config.preset, device_type, weights)
     model, train = chosen.model, chosen.train
     fixed = dict(config.fixed)
     model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
@@ -349,10 +353,18 @@ def run_point(
         ).best_metrics
 
 
+def sweep_point_configs(
+    config: SweepConfig, device_type: str, params: dict[str, Any], seed: int
+) -> tuple[ModelConfig, TrainConfig]:
+    """One point's configs, from the recipe `pactl train` would start it from."""
+    base = base_configs(config, device_type, params)
+    return point_configs(*base, params, seed, dict(config.fixed))
+
+
 def objective(
     folder: Path,
     config: SweepConfig,
-    base: tuple[ModelConfig, TrainConfig],
+    device_type: str,
     manifest: Manifest,
     reporter: Reporter,
 ) -> Any:
@@ -363,7 +375,7 @@ def objective(
         params = {k: trial.suggest_categorical(k, list(v)) for k, v in config.params}
         scores = []
         for seed in config.seeds:
-            configs = point_configs(*base, params, seed, dict(config.fixed))
+            configs = sweep_point_configs(config, device_type, params, seed)
             try:
                 best = run_point(
                     folder, point_name(params, seed), configs, config.source, manifest, reporter
@@ -400,15 +412,15 @@ def run_sweep(
 
     optuna_module()
     config = prepare_sweep(folder, config)
-    base = base_configs(config, device_type)
     points = grid(config)
     for params in points:  # every point's settings checked before any training
         for seed in config.seeds:
-            point_configs(*base, params, seed, dict(config.fixed))
-    manifest = load_source(config.source, reporter, follow_links=base[1].follow_links)
+            sweep_point_configs(config, device_type, params, seed)
+    follow_links = base_configs(config, device_type)[1].follow_links
+    manifest = load_source(config.source, reporter, follow_links=follow_links)
     study = open_study(folder, config)
     requeue_stale(study, folder, config, reporter)
-    run_trial = objective(folder, config, base, manifest, reporter)
+    run_trial = objective(folder, config, device_type, manifest, reporter)
     if config.trials is None:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         seen = {_key(t.params) for t in complete}
