@@ -337,9 +337,9 @@ def _rrc_flip_steps(
 def _flip_steps(
     image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 1.0
 ) -> list[Callable]:
-    # The whole image, mirrored half the time: what small images keep when a crop of 8% of
-    # them would leave a few pixels.
-    return [T.Resize((image_size, image_size), mode, antialias=True), T.RandomHorizontalFlip()]
+    # What the test transform shows, mirrored half the time: all a small image has, where a
+    # crop of 8% of it would leave a few pixels.
+    return [*_test_steps(image_size, resize_size, mode), T.RandomHorizontalFlip()]
 
 
 def _light_steps(

@@ -1044,11 +1044,15 @@ def describe_test_resize(model_cfg: ModelConfig) -> str:
 def describe_augment(model_cfg: ModelConfig, cfg: TrainConfig) -> str:
     """What training does to each image (pactl.images.AUGMENTS), in words."""
     side = model_cfg.image_size
+    crops = (
+        "whole images (cut to an aspect ratio of 3:4 to 4:3)"
+        if cfg.crop_scale == 1
+        else f"random crops of {cfg.crop_scale:.0%} to all of each image's area"
+    )
     words = {
-        "rrc_flip": f"random crops of {cfg.crop_scale:.0%} to all of each image's area resized "
-        f"to {side} px, mirrored half the time"
+        "rrc_flip": f"{crops} resized to {side} px, mirrored half the time"
         + (" (the paper's)" if cfg.crop_scale == 0.08 else ""),
-        "flip": f"whole images resized to {side} px, mirrored half the time",
+        "flip": "each image as the test transform gives it, mirrored half the time",
         "light": f"whole images resized to {side} px, shifted, turned and scaled a little "
         "(no mirror)",
         "none": "each image as the test transform gives it, with no random change",

@@ -496,6 +496,11 @@ def test_flip_transform_keeps_the_whole_image_mirrored_or_not() -> None:
         seen.add("left" if np.isclose(left, red, atol=1e-3) else "right")
         assert x[0, :, 4:12].max().item() < red - 1  # nothing cropped or moved: the middle blue
     assert seen == {"left", "right"}
+    # with a test resize above the crop, the view is the test transform's centre crop
+    test = build_transform(16, 20, MEAN, STD, train=False)(img)
+    crop = build_transform(16, 20, MEAN, STD, train=True, augment="flip")
+    views = [crop(img) for _ in range(8)]
+    assert all(torch.equal(v, test) or torch.equal(v, torch.flip(test, dims=[2])) for v in views)
 
 
 def test_crop_scale_bounds_the_random_crop() -> None:

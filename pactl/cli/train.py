@@ -131,8 +131,8 @@ def train(
         Augment | None,
         typer.Option(
             help="Train-time augmentation: rrc_flip (random resized crop + flip, the paper's), "
-            "flip (the whole image, mirrored half the time), light (small affine jitter, no "
-            "flip: glyphs, digits), none."
+            "flip (the test transform's view, mirrored half the time), light (small affine "
+            "jitter, no flip: glyphs, digits), none."
         ),
     ] = None,
     crop_scale: Annotated[
