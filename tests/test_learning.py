@@ -162,7 +162,7 @@ def test_user_data_on_a_cpu_gets_the_cpu_recipe(
 def test_user_data_from_random_weights_on_a_cpu_gets_the_from_scratch_recipe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--weights none on a CPU: ResNet-18 at 64 px on whole images, a constant rate (the
+    """--weights none on a CPU: ResNet-18 at 64 px on whole images mirrored, a constant rate (the
     pretrained recipe's network and crops measured far worse from random weights); an option
     given still wins, and a dataset's own preset stays its own."""
     make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
@@ -174,22 +174,25 @@ def test_user_data_from_random_weights_on_a_cpu_gets_the_from_scratch_recipe(
     assert code == 0 and "from random weights" in shown["why"][0]
     model, train = shown["model"], shown["train"]
     assert (model["backbone"], model["image_size"], model["resize_size"]) == ("resnet18", 64, 64)
-    assert (train["augment"], train["lr"], train["batch_size"]) == ("none", 1e-3, 128)
+    assert (train["augment"], train["lr"], train["batch_size"]) == ("flip", 1e-3, 128)
     assert train["lr_decay_step"] > train["epochs"]  # constant
     assert any("constant lr" in w for w in shown["why"])
     assert any("resized whole to 64 px" in w for w in shown["why"])
     asked = ["train", imgs, "--weights", "none", "--backbone", "timm:efficientnet_lite0",
-             "--image-size", "96", "--augment", "flip", "--print-config"]  # fmt: skip
+             "--image-size", "96", "--augment", "light", "--print-config"]  # fmt: skip
     code, out, _ = run_cli(asked, monkeypatch, capsys)
     model, train = json.loads(out)["model"], json.loads(out)["train"]
     assert (model["backbone"], model["image_size"], model["resize_size"]) == (
         "timm:efficientnet_lite0", 96, 96,
     )  # fmt: skip
-    assert train["augment"] == "flip"
+    assert train["augment"] == "light"
     code, out, _ = run_cli(
         ["train", imgs, "--weights", "imagenet", "--print-config"], monkeypatch, capsys
     )
-    assert json.loads(out)["model"]["backbone"] == "timm:efficientnet_lite0"
+    shown = json.loads(out)
+    assert shown["model"]["backbone"] == "timm:efficientnet_lite0"
+    assert (shown["train"]["augment"], shown["train"]["crop_scale"]) == ("rrc_flip", 1.0)
+    assert any("whole images" in w and "mirrored" in w for w in shown["why"])
     code, out, _ = run_cli(
         ["train", "digits", "--weights", "none", "--print-config"], monkeypatch, capsys
     )
