@@ -209,8 +209,8 @@ def train(
     Before the first step the network is evaluated (epoch 0 in metrics.csv), so every run shows
     its gain over its start. Your own folder or CSV gets a recipe for the machine: on a CPU
     EfficientNet-Lite0 at 128 px on whole images for 8 epochs (with --weights none ResNet-18 at
-    64 px for 12), on a GPU the paper's recipe on ResNet-50; 15% of
-    its train classes choose best.pt. --print-config shows the settings and why.
+    64 px for 12), on a GPU the paper's recipe on ResNet-50; 15% of its train classes choose
+    best.pt. --print-config shows the settings and why.
 
     Options left out take the preset's value (pactl list presets).
 
