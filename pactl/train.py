@@ -1030,11 +1030,10 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
 def describe_test_resize(model_cfg: ModelConfig) -> str:
     """How test images are sized, and why."""
     if model_cfg.resize_size == model_cfg.image_size:
-        return (
-            f"test images resized whole to {model_cfg.image_size} px, {model_cfg.interpolation}"
-            + (": random weights come with no crop of their own" if not _pretrained(model_cfg)
-               else "")
-        )  # fmt: skip
+        scratch = model_cfg.weights == "none"
+        why = ": random weights come with no crop of their own" if scratch else ""
+        whole = f"test images resized whole to {model_cfg.image_size} px"
+        return f"{whole}, {model_cfg.interpolation}{why}"
     return (
         f"test resize {model_cfg.resize_size} px, {model_cfg.interpolation}, centre crop "
         f"{model_cfg.image_size}: what the backbone's weights were evaluated with"
@@ -1058,10 +1057,6 @@ def describe_augment(model_cfg: ModelConfig, cfg: TrainConfig) -> str:
         "none": "each image as the test transform gives it, with no random change",
     }
     return f"augmentation {cfg.augment}: {words.get(cfg.augment, cfg.augment)}"
-
-
-def _pretrained(model_cfg: ModelConfig) -> bool:
-    return model_cfg.weights != "none"
 
 
 def describe_budget(cfg: TrainConfig) -> list[str]:
