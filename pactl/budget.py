@@ -1,6 +1,6 @@
 """`--time-budget`: a training run's schedule fitted to a wall-clock budget.
 
-The plan is made once, after epoch 0 (the evaluation before the first step), from what this run
+The plan is made after epoch 0 (the evaluation before the first step), from what this run
 measured: the seconds spent so far (header checks, building the network, epoch 0), one timed
 training step with its decoding (train.estimate_epoch) and epoch 0's evaluation time. It keeps
 one evaluation's time in reserve for the end of the run (curves, the calibration of best.pt) and
@@ -9,9 +9,13 @@ the same fractions of the run (a recipe of 8 epochs decaying every 4 decays at h
 fitted run), and head-only warm-up epochs stay as many as the recipe has, leaving at least one
 epoch that trains everything.
 
-A plan from one step can be off (a machine that gets busier, an epoch slower than its step), so
-after each epoch the run stops early when the next epoch, at the last one's measured duration,
-would end past the budget; the run's config.json then says how many epochs it trained.
+A plan from one step can be off either way (a step timed while other work shared the cores, a
+machine that gets busier, an epoch slower than its step), so it is made once more (`replan`)
+after the first epoch that trains everything (the first after the head-only warm-up), from that
+whole epoch's measured duration: the run grows or shrinks to what the budget holds, and its decay
+step moves to the same fraction of the new length. After each epoch the run still stops early
+when the next epoch, at the last one's measured duration, would end past the budget; the run's
+config.json then says how many epochs it trained.
 """
 
 from __future__ import annotations
@@ -62,15 +66,42 @@ def plan(
     """As many epochs as `budget` holds after `elapsed` and `reserve`, the decay step and
     warm-up scaled from the recipe's."""
     available = budget - elapsed - reserve
-    per_epoch = max(epoch_seconds, 1e-6)
-    fitted = math.floor(available / per_epoch) if available > 0 else 0
+    fitted = _epochs_in(available, epoch_seconds)
     epochs = min(max(fitted, 1), MAX_BUDGET_EPOCHS)
-    if recipe_decay_step >= recipe_epochs:  # a constant rate stays constant
-        decay = max(recipe_decay_step, epochs)
-    else:
-        decay = max(1, round(epochs * recipe_decay_step / max(recipe_epochs, 1)))
+    decay = _decay_step(epochs, recipe_epochs, recipe_decay_step)
     warmup = min(recipe_warmup, max(epochs - 1, 0))
     return Plan(epochs, decay, warmup, epoch_seconds, available, fitted >= 1)
+
+
+def replan(
+    budget: float,
+    elapsed: float,
+    done: int,
+    epoch_seconds: float,
+    reserve: float,
+    recipe_epochs: int,
+    recipe_decay_step: int,
+    warmup: int,
+) -> Plan:
+    """The plan made again after `done` epochs, the last of which took `epoch_seconds` (the
+    first that trained everything): `done` plus as many epochs as the rest of the budget holds
+    (none: the run ends now), the decay step scaled from the recipe's to the new length."""
+    available = budget - elapsed - reserve
+    fitted = _epochs_in(available, epoch_seconds)
+    epochs = max(done, min(done + fitted, MAX_BUDGET_EPOCHS))
+    decay = _decay_step(epochs, recipe_epochs, recipe_decay_step)
+    return Plan(epochs, decay, warmup, epoch_seconds, available, fitted >= 1)
+
+
+def _epochs_in(available: float, epoch_seconds: float) -> int:
+    return math.floor(available / max(epoch_seconds, 1e-6)) if available > 0 else 0
+
+
+def _decay_step(epochs: int, recipe_epochs: int, recipe_decay_step: int) -> int:
+    """The recipe's decay step at the same fraction of a run of `epochs`."""
+    if recipe_decay_step >= recipe_epochs:  # a constant rate stays constant
+        return max(recipe_decay_step, epochs)
+    return max(1, round(epochs * recipe_decay_step / max(recipe_epochs, 1)))
 
 
 def stop_early(budget: float, elapsed: float, last_epoch_seconds: float, reserve: float) -> bool:

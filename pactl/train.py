@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -686,7 +686,8 @@ def fit(
 ) -> TrainResult:
     """Train on the train split; evaluate before the first step (epoch 0) and after each epoch
     on the validation classes (which choose best.pt) and the test classes. With a time budget
-    (not on resume: the plan made at the start stands), epochs are fitted to it after epoch 0.
+    (not on resume: the plans made before stand), epochs are fitted to it after epoch 0 and
+    again after the first epoch that trains everything.
     `shared_start`: a folder where runs that start alike share their epoch-0 row, BatchNorm
     calibration and header check (pactl.start_cache)."""
     began = time.perf_counter()
@@ -719,6 +720,7 @@ def fit(
         truncate_metrics(run_dir / "metrics.csv", start)
         reporter.log(f"resuming {run_dir} after epoch {start}")
     write_run_files(t, run_dir, source, manifest, classes, resume)
+    recipe = t.cfg  # a time budget's plans scale its schedule
     if not resume:
         reserve, estimate = evaluate_start(
             t, splits, run_dir, columns, classes, state, reporter, shared_start
@@ -726,13 +728,18 @@ def fit(
         if cfg.time_budget:
             fit_to_budget(t, time.perf_counter() - began, reserve, estimate, reporter)
             write_run_files(t, run_dir, source, manifest, classes, resume)
-    for epoch in range(start, t.cfg.epochs):
+    epoch = start
+    while epoch < t.cfg.epochs:  # a budget's second plan may change t.cfg.epochs
         seconds = train_epoch(t, splits, labels, epoch, run_dir, columns, classes, state, reporter)
         elapsed = time.perf_counter() - began
+        if not resume and t.cfg.time_budget and epoch == t.cfg.warmup_epochs:
+            refit_to_budget(t, recipe, elapsed, epoch + 1, seconds, reserve, reporter)
+            write_run_files(t, run_dir, source, manifest, classes, resume)
         if not resume and over_budget(t, elapsed, seconds, reserve, epoch, reporter):
             t.cfg = dataclasses.replace(t.cfg, epochs=epoch + 1)
             write_run_files(t, run_dir, source, manifest, classes, resume)
             break
+        epoch += 1
     if world.is_main:
         finish_run(t, splits, run_dir, reporter)
     best = state["best"]
@@ -816,6 +823,42 @@ def fit_to_budget(
             f"the time budget ({_duration(cfg.time_budget)}) leaves less than one epoch "
             f"(about {_duration(per_epoch)}) after epoch 0: training one epoch anyway"
         )
+
+
+def refit_to_budget(
+    t: Trainer,
+    recipe: TrainConfig,
+    elapsed: float,
+    done: int,
+    seconds: float,
+    reserve: float,
+    reporter: Reporter,
+) -> None:
+    """pactl.budget's second plan, after the first epoch that trained everything (`done`
+    epochs so far, the last of them `seconds` long): t.cfg's epochs and decay step, and the
+    scheduler moved onto the new step as if it had been the schedule from the start."""
+    from pactl import budget
+
+    elapsed, seconds, reserve = agree(t.world, [elapsed, seconds, reserve])
+    chosen = budget.replan(
+        t.cfg.time_budget, elapsed, done, seconds, reserve,
+        recipe.epochs, recipe.lr_decay_step, t.cfg.warmup_epochs,
+    )  # fmt: skip
+    before = t.cfg
+    if (chosen.epochs, chosen.lr_decay_step) == (before.epochs, before.lr_decay_step):
+        return
+    t.cfg = dataclasses.replace(before, epochs=chosen.epochs, lr_decay_step=chosen.lr_decay_step)
+    scheduler = cast(torch.optim.lr_scheduler.StepLR, t.scheduler)
+    scheduler.step_size = max(chosen.lr_decay_step, 1)
+    factor = t.cfg.lr_decay_gamma ** (done // scheduler.step_size)
+    for group, base in zip(t.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base * factor
+    scheduler._last_lr = [group["lr"] for group in t.optimizer.param_groups]
+    reporter.log(
+        f"time budget {_duration(before.time_budget)}: epoch {done} took {_duration(seconds)}, "
+        f"{_duration(elapsed)} spent: {counted(chosen.epochs, 'epoch')} instead of "
+        f"{before.epochs}, " + describe_schedule(t.cfg).removeprefix("schedule: ")
+    )
 
 
 def over_budget(
@@ -1065,7 +1108,8 @@ def describe_budget(cfg: TrainConfig) -> list[str]:
     return [
         f"time budget {_duration(cfg.time_budget)}: after epoch 0, the epochs are fitted to it "
         "from the measured step and evaluation times, the decay step and warm-up scaled from the "
-        "schedule above (its shape, not its length); the run stops early if an epoch would "
+        "schedule above (its shape, not its length); fitted again after the first epoch that "
+        "trains everything, from its measured time; the run stops early if an epoch would "
         "end past it"
     ]
 
@@ -1199,8 +1243,8 @@ def estimate_epoch(
 def _duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
+    if seconds < 5400:  # 90 s reads 1.5 min, not 2
+        return f"{seconds / 60:.1f}".removesuffix(".0") + " min"
     return f"{seconds / 3600:.1f} h"
 
 

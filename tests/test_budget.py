@@ -47,6 +47,19 @@ def test_plan_by_hand() -> None:
     assert budget.plan(900, 100, 20, 20, 12, 12, 0).lr_decay_step == 39
 
 
+def test_replan_by_hand() -> None:
+    # 3 epochs done in 300 s of a 900 s budget, the last 100 s long, 20 s kept: 580 s hold 5
+    # more, 8 in all; the recipe's decay (4 of 8) at half of them.
+    again = budget.replan(900, 300, 3, 100, 20, 8, 4, 1)
+    assert (again.epochs, again.lr_decay_step, again.warmup_epochs, again.fits) == (8, 4, 1, True)
+    # nothing left for one more epoch: the run ends with the epochs it has
+    ended = budget.replan(900, 850, 3, 100, 20, 8, 4, 1)
+    assert (ended.epochs, ended.fits) == (3, False)
+    # a constant rate stays constant; the cap holds
+    assert budget.replan(900, 100, 2, 10, 0, 12, 1000, 0).lr_decay_step == 1000
+    assert budget.replan(1e6, 0, 2, 0.01, 0, 8, 4, 0).epochs == budget.MAX_BUDGET_EPOCHS
+
+
 def test_stop_early_by_hand() -> None:
     # 900 s budget: 700 s spent, epochs of 150 s, 20 s reserve: 870 <= 927 goes on; 200 s
     # epochs: 920 <= 927 goes on; 220 s: 940 > 927 stops.
@@ -69,15 +82,27 @@ def tiny(tmp_path: Path, monkeypatch, capsys, *extra: str) -> tuple[int, str, st
     return run_cli(args, monkeypatch, capsys)
 
 
+def epochs_measured_as(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The second plan sees every epoch so far as `seconds` long (in its elapsed time too)."""
+    real = budget.replan
+
+    def replan(total: float, elapsed: float, done: int, _: float, *rest: int) -> budget.Plan:
+        return real(total, elapsed + done * seconds, done, seconds, *rest)
+
+    monkeypatch.setattr(budget, "replan", replan)
+
+
 def test_budget_fits_the_schedule_as_a_plain_run_would_have_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An epoch estimated at 300,000 s under a budget of 1,000,000 s: 3 epochs (whatever the few
     seconds spent), the recipe's decay (6 of its 12 epochs) at half the run (round(1.5) = 2) and
-    its warm-up epoch kept. The run is then the same as one asked for those settings."""
+    its warm-up epoch kept. Epochs measured as estimated keep the plan. The run is then the same
+    as one asked for those settings."""
     import pactl.train
 
     monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: 300_000.0)
+    epochs_measured_as(monkeypatch, 300_000.0)
     make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
     code, _, err = tiny(
         tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
@@ -94,6 +119,63 @@ def test_budget_fits_the_schedule_as_a_plain_run_would_have_it(
     assert planned["time_budget"] == 1e6
     assert rows(runs / "b") == rows(runs / "p")
     assert [r["lr"] for r in rows(runs / "b")] == ["", "0.001", "0.001", "0.0005"]
+
+
+@pytest.mark.parametrize(
+    ("estimate", "measured", "planned", "replanned"),
+    [
+        # a step timed on a busy machine: 3 epochs planned (decay 2); the first full epoch
+        # (epoch 2) takes 150,000 s, so 700,000 s hold 4 more: 6, decaying at 3. The rate, which
+        # the first plan's step 2 halved after epoch 2, is back to 1e-3 for epoch 3.
+        (300_000.0, 150_000.0, (3, 2), (6, 3)),
+        # a step timed too fast: 9 epochs planned (decay round(4.5) = 4); epochs of 300,000 s
+        # leave room for 1 more: 3, decaying at 2, so epoch 3 runs at the halved rate.
+        (100_000.0, 300_000.0, (9, 4), (3, 2)),
+    ],
+)
+def test_the_budget_plans_again_after_the_first_full_epoch(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    estimate: float,
+    measured: float,
+    planned: tuple[int, int],
+    replanned: tuple[int, int],
+) -> None:
+    """The run the second plan makes is the same as a plain run with its schedule: the epochs,
+    the decay step and the learning rate of every epoch."""
+    import pactl.train
+
+    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: estimate)
+    epochs_measured_as(monkeypatch, measured)
+    plans: list[tuple[int, int]] = []
+    real_fit = pactl.train.fit_to_budget
+
+    def fit_to_budget(t: pactl.train.Trainer, *args: object) -> None:
+        real_fit(t, *args)  # type: ignore[arg-type]
+        plans.append((t.cfg.epochs, t.cfg.lr_decay_step))
+
+    monkeypatch.setattr(pactl.train, "fit_to_budget", fit_to_budget)
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    code, _, err = tiny(
+        tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
+        "--name", "b",
+    )  # fmt: skip
+    assert code == 0, err
+    epochs, decay = replanned
+    code, _, err = tiny(
+        tmp_path, monkeypatch, capsys, "--epochs", str(epochs), "--lr-decay-step", str(decay),
+        "--name", "p",
+    )  # fmt: skip
+    assert code == 0, err
+    runs = tmp_path / "runs"
+    assert plans == [planned]
+    fitted = train_config(runs / "b")
+    assert (fitted["epochs"], fitted["lr_decay_step"], fitted["warmup_epochs"]) == (*replanned, 1)
+    assert rows(runs / "b") == rows(runs / "p")
+    assert [r["lr"] for r in rows(runs / "b")][1:] == [
+        f"{1e-3 * 0.5 ** (e // decay):g}" for e in range(epochs)
+    ]
 
 
 def test_a_run_past_its_budget_stops_and_says_how_many_epochs_it_trained(
