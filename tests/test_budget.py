@@ -178,6 +178,28 @@ def test_the_budget_plans_again_after_the_first_full_epoch(
     ]
 
 
+def test_a_second_plan_with_no_room_left_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """9 epochs planned from the step; the first full epoch (epoch 2) takes 600,000 s, so the
+    two epochs so far have spent the budget: the run ends there, its rate never decayed."""
+    import pactl.train
+
+    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: 100_000.0)
+    epochs_measured_as(monkeypatch, 600_000.0)
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    code, _, err = tiny(
+        tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
+        "--name", "b",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "stopping after epoch 2 of 9" in err
+    run = tmp_path / "runs" / "b"
+    fitted = train_config(run)
+    assert (fitted["epochs"], fitted["lr_decay_step"]) == (2, 4)
+    assert [(r["epoch"], r["lr"]) for r in rows(run)] == [("0", ""), ("1", "0.001"), ("2", "0.001")]
+
+
 def test_a_run_past_its_budget_stops_and_says_how_many_epochs_it_trained(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
