@@ -845,12 +845,13 @@ def refit_to_budget(
         recipe.epochs, recipe.lr_decay_step, t.cfg.warmup_epochs,
     )  # fmt: skip
     before = t.cfg
-    if chosen.epochs == done:  # no room for another epoch: the schedule it ran stays as it was
-        t.cfg = dataclasses.replace(before, epochs=done)
-        reporter.warn(
-            f"stopping after epoch {done} of {before.epochs}: it took {_duration(seconds)}, and "
-            f"the {_duration(before.time_budget)} budget has no room for another"
-        )
+    if chosen.epochs == done:  # no room left: the run ends with the schedule it ran
+        if done < before.epochs:
+            t.cfg = dataclasses.replace(before, epochs=done)
+            reporter.warn(
+                f"stopping after epoch {done} of {before.epochs}: it took {_duration(seconds)}, "
+                f"and the {_duration(before.time_budget)} budget has no room for another"
+            )
         return
     if (chosen.epochs, chosen.lr_decay_step) == (before.epochs, before.lr_decay_step):
         return
