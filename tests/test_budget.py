@@ -92,6 +92,28 @@ def epochs_measured_as(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     monkeypatch.setattr(budget, "replan", replan)
 
 
+def budgeted_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    estimate: float,
+    measured: float,
+) -> str:
+    """runs/b under a 1,000,000 s budget (recipe decay 6 of 12), its step estimated at `estimate`
+    seconds and its epochs measured as `measured`; returns stderr."""
+    import pactl.train
+
+    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: estimate)
+    epochs_measured_as(monkeypatch, measured)
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    code, _, err = tiny(
+        tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
+        "--name", "b",
+    )  # fmt: skip
+    assert code == 0, err
+    return err
+
+
 def test_budget_fits_the_schedule_as_a_plain_run_would_have_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -99,16 +121,7 @@ def test_budget_fits_the_schedule_as_a_plain_run_would_have_it(
     seconds spent), the recipe's decay (6 of its 12 epochs) at half the run (round(1.5) = 2) and
     its warm-up epoch kept. Epochs measured as estimated keep the plan. The run is then the same
     as one asked for those settings."""
-    import pactl.train
-
-    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: 300_000.0)
-    epochs_measured_as(monkeypatch, 300_000.0)
-    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
-    code, _, err = tiny(
-        tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
-        "--name", "b",
-    )  # fmt: skip
-    assert code == 0, err
+    budgeted_run(tmp_path, monkeypatch, capsys, 300_000.0, 300_000.0)
     code, _, err = tiny(
         tmp_path, monkeypatch, capsys, "--epochs", "3", "--lr-decay-step", "2", "--name", "p"
     )
@@ -146,8 +159,6 @@ def test_the_budget_plans_again_after_the_first_full_epoch(
     the decay step and the learning rate of every epoch."""
     import pactl.train
 
-    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: estimate)
-    epochs_measured_as(monkeypatch, measured)
     plans: list[tuple[int, int]] = []
     real_fit = pactl.train.fit_to_budget
 
@@ -156,12 +167,7 @@ def test_the_budget_plans_again_after_the_first_full_epoch(
         plans.append((t.cfg.epochs, t.cfg.lr_decay_step))
 
     monkeypatch.setattr(pactl.train, "fit_to_budget", fit_to_budget)
-    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
-    code, _, err = tiny(
-        tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
-        "--name", "b",
-    )  # fmt: skip
-    assert code == 0, err
+    budgeted_run(tmp_path, monkeypatch, capsys, estimate, measured)
     epochs, decay = replanned
     code, _, err = tiny(
         tmp_path, monkeypatch, capsys, "--epochs", str(epochs), "--lr-decay-step", str(decay),
@@ -183,16 +189,7 @@ def test_a_second_plan_with_no_room_left_ends_the_run(
 ) -> None:
     """9 epochs planned from the step; the first full epoch (epoch 2) takes 600,000 s, so the
     two epochs so far have spent the budget: the run ends there, its rate never decayed."""
-    import pactl.train
-
-    monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: 100_000.0)
-    epochs_measured_as(monkeypatch, 600_000.0)
-    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
-    code, _, err = tiny(
-        tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
-        "--name", "b",
-    )  # fmt: skip
-    assert code == 0, err
+    err = budgeted_run(tmp_path, monkeypatch, capsys, 100_000.0, 600_000.0)
     assert "stopping after epoch 2 of 9" in err
     run = tmp_path / "runs" / "b"
     fitted = train_config(run)
