@@ -28,6 +28,9 @@ batching) and of the test loader, and the training steps over the train loader's
     python bench/bench_sweep.py /tmp/pactl-real/fonts --values 4,8,16,32,64 \
         --set backbone=timm:efficientnet_lite0 --set weights=/tmp/pactl-real/lite0.pth \
         --set image_size=64                           # the loss study's network
+    python bench/bench_sweep.py /tmp/pactl-real/fonts --values 16,32 --epochs 6 \
+        --set backbone=timm:efficientnet_lite0 --set weights=/tmp/pactl-real/lite0.pth \
+        --set image_size=128 --set workers=2          # the CPU recipe's own setting
 
 Results (a markdown table) go to stdout, progress to stderr.
 """
