@@ -17,6 +17,7 @@ import pytest
 from conftest import TINY, make_class_folder, read_csv, run_cli
 
 from pactl import checkpoint as ckpt
+from pactl.config import MAX_EPOCHS
 
 
 def pactl(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -164,7 +165,9 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
     make_class_folder(tmp_path / "imgs", classes=6, per_class=8)
     run = tmp_path / "runs" / "c"
     process = pactl(
-        ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "50", "--name", "c"],
+        # epochs it cannot finish before the signal: a tiny epoch takes tens of milliseconds,
+        # and a busy machine may leave this poll asleep for seconds
+        ["train", str(tmp_path / "imgs"), *TINY, "--epochs", str(MAX_EPOCHS), "--name", "c"],
         environment(tmp_path),
     )
     deadline = time.monotonic() + 120
@@ -172,7 +175,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
-    assert process.returncode == 130
+    assert process.returncode == 130, err
     assert f"pactl train --resume {run}".encode() in err
     assert b"Traceback" not in err
     ckpt.load(run / "checkpoint.pt")  # still a complete checkpoint
