@@ -501,6 +501,14 @@ def check_splits(manifest: Manifest, cfg: TrainConfig, unreadable: int = 0) -> S
     return Splits(train, val, evaluation)
 
 
+def class_names(part: Manifest, codes: np.ndarray) -> list[str]:
+    """The names of the classes `codes` as the data gives them (a folder's name, the CSV's
+    class_name or label), in the proxies' order: config.json and best.pt record these, never
+    pactl's own 0..C-1 numbering, which a reader would take for the CSV's labels."""
+    name = dict(zip(part.labels.tolist(), part.class_names, strict=True))
+    return [name[c] for c in codes.tolist()]
+
+
 def hold_out_classes(train: Manifest, share: float, seed: int) -> tuple[Manifest, Manifest]:
     """(train, val): round(share x classes) train classes, drawn with `seed`, become val.
 
@@ -708,7 +716,7 @@ def fit(
     reporter.log(describe_recipe(model_cfg, cfg, splits))
     classes_present = np.unique(splits.train.labels)
     labels = np.searchsorted(classes_present, splits.train.labels)  # 0..C-1 for the proxies
-    classes = [str(c) for c in classes_present.tolist()]
+    classes = class_names(splits.train, classes_present)
     t = build_trainer(model_cfg, cfg, len(classes_present), world)
     if cfg.tensorboard and world.is_main:
         t.writer = tensorboard_writer(run_dir)

@@ -111,3 +111,26 @@ def test_tensorboard_logs_what_metrics_csv_holds(
         assert values == pytest.approx([float(r[column]) for r in rows], abs=1e-5)
     assert logged("train/loss") == ([1], [pytest.approx(float(rows[1]["loss"]), abs=1e-5)])
     assert logged("train/lr") == ([1], [pytest.approx(1e-3)])
+
+
+def test_runs_record_the_classes_by_the_names_the_data_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A CSV whose labels run the other way from its class names: config.json and best.pt must
+    # name the classes trained on as the CSV does, not by pactl's own 0..C-1 numbering (which a
+    # reader would take for the CSV's labels: "8" here is a test class).
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=4)
+    names = ["trouser", "pullover", "dress", "coat", "bag", "ankle boot"]
+    rows = ["path,label,split,class_name"]
+    for c, name in enumerate(names):
+        split = "train" if c < 4 else "test"
+        rows += [f"imgs/class_{c}/{n}.png,{9 - c},{split},{name}" for n in range(4)]
+    (tmp_path / "data.csv").write_text("\n".join(rows) + "\n")
+    args = ["train", str(tmp_path / "data.csv"), *TINY, "--epochs", "1", "--name", "n"]
+    code, _, err = run_cli([*args, "--val-classes", "0", "--quiet"], monkeypatch, capsys)
+    assert code == 0, err
+    run = tmp_path / "runs" / "n"
+    trained = json.loads((run / "config.json").read_text())["classes"]
+    assert sorted(trained) == ["coat", "dress", "pullover", "trouser"]
+    assert ckpt.load(run / "best.pt")["classes"] == trained
+    assert ckpt.load(run / "checkpoint.pt")["classes"] == trained
