@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -70,6 +71,34 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("PACTL_RUNS", str(tmp_path / "runs"))
     monkeypatch.chdir(tmp_path)
     yield tmp_path
+
+
+@pytest.fixture
+def interruptible() -> Iterator[None]:
+    """Processes started in the test get Ctrl-C's default action. A test run started with SIGINT
+    ignored (a background job of a shell without job control, as CI may start it) passes the
+    ignore on to every program it starts, and Python then leaves it ignored, as `cmd &` in a
+    script expects: such a child never sees a Ctrl-C the test sends."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def interrupted(process: subprocess.Popen[bytes], timeout: float = 120) -> bytes:
+    """Ctrl-C to `process` (stopped with SIGSTOP or running: it goes on with the Ctrl-C pending);
+    its stderr once it has exited (killed, and the test failed, if not within `timeout` s)."""
+    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGCONT)
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail(f"still running {timeout:.0f} s after Ctrl-C")
 
 
 def make_class_folder(

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TINY, make_class_folder, read_csv, run_cli
+from conftest import TINY, interrupted, make_class_folder, read_csv, run_cli
 
 from pactl import checkpoint as ckpt
 from pactl.config import MAX_EPOCHS
@@ -161,6 +161,7 @@ def test_full_disk_keeps_the_previous_checkpoint(
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.usefixtures("interruptible")
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
     make_class_folder(tmp_path / "imgs", classes=6, per_class=8)
     run = tmp_path / "runs" / "c"
@@ -173,8 +174,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     while not (run / "checkpoint.pt").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    err = interrupted(process)
     assert process.returncode == 130, err
     assert f"pactl train --resume {run}".encode() in err
     assert b"Traceback" not in err

@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY, make_class_folder, run_cli, train_tiny
+from conftest import TINY, interrupted, make_class_folder, run_cli, train_tiny
 
 from pactl.train import latest_run
 
 
+@pytest.mark.usefixtures("interruptible")
 def test_ctrl_c_in_the_first_epoch_leaves_no_dead_end(tmp_path: Path) -> None:
     make_class_folder(tmp_path / "imgs", classes=6, per_class=8)
     run = tmp_path / "runs" / "first"
@@ -40,9 +41,7 @@ def test_ctrl_c_in_the_first_epoch_leaves_no_dead_end(tmp_path: Path) -> None:
         shutil.rmtree(run)
     else:
         pytest.fail("the first epoch always finished before the test could stop it")
-    process.send_signal(signal.SIGINT)
-    process.send_signal(signal.SIGCONT)
-    _, err = process.communicate(timeout=120)
+    err = interrupted(process)
     assert process.returncode == 130, err
     assert b"--resume" not in err and b"nothing was kept" in err and b"Traceback" not in err
     assert not run.exists()  # the same command can simply run again
