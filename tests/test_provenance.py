@@ -117,8 +117,9 @@ def test_runs_record_the_classes_by_the_names_the_data_gives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # A CSV whose labels run the other way from its class names: config.json and best.pt must
-    # name the classes trained on as the CSV does, not by pactl's own 0..C-1 numbering (which a
-    # reader would take for the CSV's labels: "8" here is a test class).
+    # name the classes trained on as the CSV does, not by pactl's own 0..C-1 numbering, which a
+    # reader would take for the CSV's labels (the old record here, 2-5, holds two test classes'
+    # labels, 4 and 5, and two labels no row has).
     make_class_folder(tmp_path / "imgs", classes=6, per_class=4)
     names = ["trouser", "pullover", "dress", "coat", "bag", "ankle boot"]
     rows = ["path,label,split,class_name"]
