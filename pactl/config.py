@@ -187,7 +187,7 @@ USER_GPU = Preset(
 # ... and on a CPU: EfficientNet-Lite0 at 128 px, minutes rather than hours on a few thousand
 # images, on whole images mirrored at random, which beat the paper's 8% crops in mean validation
 # Recall@1 over both real sets of bench/, in batches of 32, which the validation classes preferred
-# to 64 in 6 of 9 paired runs, by a few images (docs/training.md; docs/benchmarks.md, "The CPU
+# to 64 in 8 of 11 paired runs, by a few images (docs/training.md; docs/benchmarks.md, "The CPU
 # recipe re-chosen on validation classes").
 USER_CPU = Preset(
     model=ModelConfig(backbone="timm:efficientnet_lite0", image_size=128),
