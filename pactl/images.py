@@ -197,6 +197,12 @@ def check_header(path: Path | str, max_pixels: int | None = DEFAULT_MAX_PIXELS) 
         img.verify()
 
 
+def pixel_size(path: Path | str) -> tuple[int, int]:
+    """(width, height) from the header alone; ImageError as load_image's."""
+    with _header(path) as (_, img):
+        return img.size
+
+
 @contextmanager
 def _header(path: Path | str) -> Iterator[tuple[BinaryIO, Image.Image]]:
     """A regular, non-empty file and its image with only the header read, errors as

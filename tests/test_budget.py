@@ -105,7 +105,8 @@ def budgeted_run(
 
     monkeypatch.setattr(pactl.train, "estimate_epoch", lambda *a: estimate)
     epochs_measured_as(monkeypatch, measured)
-    make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    # 40 px images: the from-scratch recipe of 12 epochs (images of 32 px or less get 36)
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=6, size=40)
     code, _, err = tiny(
         tmp_path, monkeypatch, capsys, "--time-budget", "1000000s", "--lr-decay-step", "6",
         "--name", "b",

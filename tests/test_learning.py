@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import TINY, make_class_folder, run_cli
+from PIL import Image
 
 from pactl import checkpoint as ckpt
 from pactl.config import TrainConfig
@@ -165,7 +166,7 @@ def test_user_data_from_random_weights_on_a_cpu_gets_the_from_scratch_recipe(
     """--weights none on a CPU: ResNet-18 at 64 px on whole images mirrored, a constant rate (the
     pretrained recipe's network and crops measured far worse from random weights); an option
     given still wins, and a dataset's own preset stays its own."""
-    make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=2, size=40)
     imgs = str(tmp_path / "imgs")
     code, out, _ = run_cli(
         ["train", imgs, "--weights", "none", "--print-config"], monkeypatch, capsys
@@ -197,6 +198,56 @@ def test_user_data_from_random_weights_on_a_cpu_gets_the_from_scratch_recipe(
         ["train", "digits", "--weights", "none", "--print-config"], monkeypatch, capsys
     )
     assert json.loads(out)["model"]["backbone"] == "small"  # the dataset's preset
+
+
+def test_small_images_from_random_weights_get_the_small_cnn_at_their_own_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Images of at most 32 px (by the median short side of the training images) get the small
+    CNN at that side from random weights, the rest of the recipe unchanged; larger ones keep
+    ResNet-18 at 64 px, and pretrained weights keep their own recipe whatever the size."""
+    from pactl.datasets import typical_side
+
+    # 9 training images: short sides 20 (x4), 28 (x3: 28x28, 28x50, 60x28), 40 (x2), median 28;
+    # a 10th that does not read, and 5 test images of 100 px that are not looked at
+    sizes = [(20, 20)] * 4 + [(28, 28), (28, 50), (60, 28)] + [(40, 40)] * 2 + [(100, 100)] * 5
+    rows = []
+    for i, (w, h) in enumerate(sizes):
+        (tmp_path / "imgs" / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (w, h), (i * 15, 0, 0)).save(tmp_path / "imgs" / f"c{i % 3}" / f"{i}.png")
+        rows.append(f"imgs/c{i % 3}/{i}.png,{i % 3},{'train' if i < 9 else 'test'}")
+    (tmp_path / "imgs" / "broken.png").write_bytes(b"not an image")
+    rows.insert(9, "imgs/broken.png,0,train")
+    (tmp_path / "data.csv").write_text("path,label,split\n" + "\n".join(rows) + "\n")
+    assert typical_side(str(tmp_path / "data.csv")) == 28
+    assert typical_side(str(tmp_path / "data.csv"), sample=2) == 20  # rows 0 and 9, which fails
+
+    def shown(*extra: str) -> dict:
+        args = ["train", str(tmp_path / "data.csv"), "--weights", "none", *extra]
+        code, out, err = run_cli([*args, "--print-config"], monkeypatch, capsys)
+        assert code == 0, err
+        return json.loads(out)
+
+    small = shown()
+    model, train = small["model"], small["train"]
+    assert (model["backbone"], model["image_size"], model["resize_size"]) == ("small", 28, 28)
+    assert (train["augment"], train["lr"], train["batch_size"], train["epochs"]) == (
+        "flip", 1e-3, 128, 36,
+    )  # fmt: skip
+    assert "images of 28 px" in small["why"][0]
+    asked = shown("--backbone", "resnet18")["model"]
+    assert (asked["backbone"], asked["image_size"]) == ("resnet18", 28)  # the images' own side
+    make_class_folder(tmp_path / "big", classes=4, per_class=2, size=33)
+    code, out, _ = run_cli(
+        ["train", str(tmp_path / "big"), "--weights", "none", "--print-config"], monkeypatch, capsys
+    )
+    assert (json.loads(out)["model"]["backbone"], json.loads(out)["model"]["image_size"]) == (
+        "resnet18", 64,
+    )  # fmt: skip
+    code, out, _ = run_cli(
+        ["train", str(tmp_path / "data.csv"), "--print-config"], monkeypatch, capsys
+    )
+    assert json.loads(out)["model"]["backbone"] == "timm:efficientnet_lite0"
 
 
 # --- no silent collapse -------------------------------------------------------------------

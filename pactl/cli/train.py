@@ -209,8 +209,9 @@ def train(
     Before the first step the network is evaluated (epoch 0 in metrics.csv), so every run shows
     its gain over its start. Your own folder or CSV gets a recipe for the machine: on a CPU
     EfficientNet-Lite0 at 128 px on whole images for 8 epochs (with --weights none ResNet-18 at
-    64 px for 12), on a GPU the paper's recipe on ResNet-50; 15% of its train classes choose
-    best.pt. --print-config shows the settings and why.
+    64 px for 12, or on images of 32 px or less the small CNN at their own size for 36), on a
+    GPU the paper's recipe on ResNet-50; 15% of its train classes choose best.pt.
+    --print-config shows the settings and why.
 
     Options left out take the preset's value (pactl list presets).
 
@@ -235,7 +236,13 @@ def train(
         why: list[str] = []
     else:
         source = checked_source(source, preset)
-        chosen = preset_for(source, preset, device_type(device), weights)
+        chosen = preset_for(
+            source,
+            preset,
+            device_type(device),
+            weights,
+            lambda: side_of(source, bool(follow_links)),
+        )
         model_cfg = model_settings(chosen, backbone, weights, dim, image_size, resize_size)
         model_cfg = override(model_cfg, pooling=_value(pooling))
         cfg = override(
@@ -300,6 +307,14 @@ def resumed(
         override(cfg, epochs=epochs, device=device, workers=workers), option_name, UsageError
     )
     return run, source, model_cfg, cfg
+
+
+def side_of(source: str, follow_links: bool) -> int | None:
+    """The typical short side of the source's training images, which the from-scratch CPU
+    recipe's network depends on."""
+    from pactl.datasets import typical_side
+
+    return typical_side(source, follow_links=follow_links)
 
 
 def checked_budget(text: str | None, epochs: int | None) -> float | None:

@@ -26,8 +26,11 @@ __all__ = [
     "prepare",
     "read_manifest",
     "spec",
+    "typical_side",
     "write_manifest",
 ]
+
+SIDE_SAMPLE = 64  # images whose headers typical_side reads
 
 
 def load_source(
@@ -70,3 +73,28 @@ def _load(source: str, reporter: Reporter, follow_links: bool, splits: bool) -> 
         f"{source!r} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
         "nor an existing folder or CSV file"
     )
+
+
+def typical_side(
+    source: str, *, follow_links: bool = False, sample: int = SIDE_SAMPLE
+) -> int | None:
+    """The median short side, in pixels, of `sample` of the source's training images taken
+    evenly through its manifest (headers only, no decoding); None when none of them reads."""
+    import numpy as np
+
+    from pactl.console import QUIET
+    from pactl.images import ImageError, pixel_size
+
+    manifest = load_source(source, QUIET, follow_links=follow_links)
+    train = manifest.select("train") if manifest.has_split("train") else manifest
+    files = train.files()
+    if not files:
+        return None
+    picks = sorted(set(np.linspace(0, len(files) - 1, min(sample, len(files))).round().astype(int)))
+    sides = []
+    for i in picks:
+        try:
+            sides.append(min(pixel_size(files[i])))
+        except ImageError:
+            continue
+    return int(np.median(sides)) if sides else None

@@ -131,10 +131,18 @@ def base_configs(
 ) -> tuple[ModelConfig, TrainConfig]:
     """The recipe a point starts from: the preset (as `pactl train` chooses it, by the point's
     weights where they are swept), --set."""
-    weights = (params or {}).get("weights", dict(config.fixed).get("weights"))
-    chosen: Preset = preset_for(config.source, config.preset, device_type, weights)
-    model, train = chosen.model, chosen.train
+    from pactl.datasets import typical_side
+
     fixed = dict(config.fixed)
+    weights = (params or {}).get("weights", fixed.get("weights"))
+    chosen: Preset = preset_for(
+        config.source,
+        config.preset,
+        device_type,
+        weights,
+        lambda: typical_side(config.source, follow_links=bool(fixed.get("follow_links"))),
+    )
+    model, train = chosen.model, chosen.train
     model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
     model = override(model, **{k: v for k, v in fixed.items() if k in model_keys})
     train = override(train, **{k: v for k, v in fixed.items() if k not in model_keys})
