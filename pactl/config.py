@@ -232,8 +232,8 @@ USER_CPU_SCRATCH = Preset(
 # input before its first block, so a 28 px image upsampled to 64 px reaches it at 16 px and
 # costs 5x the pixels; the small CNN keeps full resolution for two blocks and trains 36 epochs
 # in less time than ResNet-18 at 64 px trains 12. On both 28 px sets of bench/ (Fashion-MNIST,
-# glyphs drawn at 28 px) it had the higher validation Recall@1 with every seed; on 64 px glyphs
-# ResNet-18 did (docs/benchmarks.md, "From random weights: small images").
+# glyphs drawn at 28 px) the validation classes chose it with every seed (one a tie in Recall@1
+# that MAP@R broke); on 64 px glyphs they chose ResNet-18 (docs/benchmarks.md, "Small images").
 SMALL_IMAGES = 32  # the largest typical side (px) that gets the small CNN from random weights
 SMALL_IMAGES_EPOCHS = 36
 
