@@ -206,7 +206,8 @@ def test_small_images_from_random_weights_get_the_small_cnn_at_their_own_side(
     """Images of at most 32 px (by the median short side of the training images) get the small
     CNN at that side from random weights, the rest of the recipe unchanged; larger ones keep
     ResNet-18 at 64 px, and pretrained weights keep their own recipe whatever the size."""
-    from pactl.datasets import typical_side
+    from pactl.console import QUIET
+    from pactl.datasets import load_source, typical_side
 
     # 9 training images: short sides 20 (x4), 28 (x3: 28x28, 28x50, 60x28), 40 (x2), median 28;
     # a 10th that does not read, and 5 test images of 100 px that are not looked at
@@ -219,8 +220,9 @@ def test_small_images_from_random_weights_get_the_small_cnn_at_their_own_side(
     (tmp_path / "imgs" / "broken.png").write_bytes(b"not an image")
     rows.insert(9, "imgs/broken.png,0,train")
     (tmp_path / "data.csv").write_text("path,label,split\n" + "\n".join(rows) + "\n")
-    assert typical_side(str(tmp_path / "data.csv")) == 28
-    assert typical_side(str(tmp_path / "data.csv"), sample=2) == 20  # rows 0 and 9, which fails
+    manifest = load_source(str(tmp_path / "data.csv"), QUIET)
+    assert typical_side(manifest) == 28
+    assert typical_side(manifest, sample=2) == 20  # rows 0 and 9, which fails
 
     def shown(*extra: str) -> dict:
         args = ["train", str(tmp_path / "data.csv"), "--weights", "none", *extra]

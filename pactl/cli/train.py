@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -42,6 +44,9 @@ from pactl.config import (
 from pactl.console import Reporter, literal, out, quoted
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
+
+if TYPE_CHECKING:
+    from pactl.datasets import Manifest
 
 
 def train(
@@ -227,6 +232,15 @@ def train(
     """
     given = {k: v for k, v in locals().items() if k in RESUME_REFUSES and v is not None}
     log = reporter(quiet)
+
+    @functools.cache
+    def data(source: str, follow_links: bool) -> Manifest:
+        """The source's manifest, read once: by the recipe's choice where it needs the images'
+        size, else by the training itself."""
+        from pactl.datasets import load_source
+
+        return load_source(source, log, follow_links=follow_links)
+
     budget = checked_budget(time_budget, epochs)
     if name is not None:
         check_run_name(name)
@@ -241,7 +255,7 @@ def train(
             preset,
             device_type(device),
             weights,
-            lambda: side_of(source, bool(follow_links)),
+            lambda: side_of(data(source, bool(follow_links))),
         )
         model_cfg = model_settings(chosen, backbone, weights, dim, image_size, resize_size)
         model_cfg = override(model_cfg, pooling=_value(pooling))
@@ -284,9 +298,9 @@ def train(
     if seeds is not None:
         if seed is not None:
             raise UsageError("give --seed or --seeds, not both")
-        train_seeds(source, model_cfg, cfg, run, seeds, log, overwrite)
+        train_seeds(source, data, model_cfg, cfg, run, seeds, log, overwrite)
         return
-    show_result(run_fit(source, model_cfg, cfg, run, log, bool(resume), overwrite))
+    show_result(run_fit(source, data, model_cfg, cfg, run, log, bool(resume), overwrite))
 
 
 def resumed(
@@ -309,12 +323,12 @@ def resumed(
     return run, source, model_cfg, cfg
 
 
-def side_of(source: str, follow_links: bool) -> int | None:
-    """The typical short side of the source's training images, which the from-scratch CPU
-    recipe's network depends on."""
+def side_of(manifest: Manifest) -> int | None:
+    """The typical short side of the training images, which the from-scratch CPU recipe's
+    network depends on."""
     from pactl.datasets import typical_side
 
-    return typical_side(source, follow_links=follow_links)
+    return typical_side(manifest)
 
 
 def checked_budget(text: str | None, epochs: int | None) -> float | None:
@@ -398,6 +412,7 @@ def show_config(source: str, model_cfg: ModelConfig, cfg: TrainConfig, why: list
 
 def run_fit(
     source: str,
+    data: Callable[[str, bool], Manifest],
     model_cfg: ModelConfig,
     cfg: TrainConfig,
     run: Path,
@@ -405,12 +420,12 @@ def run_fit(
     resume: bool,
     overwrite: bool,
 ) -> Any:
-    """Train into `run`; a run that fails before its first checkpoint leaves no folder behind."""
-    from pactl.datasets import load_source
+    """Train into `run` on `data(source, follow_links)`; a run that fails before its first
+    checkpoint leaves no folder behind."""
     from pactl.train import fit, prepare_run_dir
 
     check_output(run, "run folder", folder=True)
-    manifest = load_source(source, log, follow_links=cfg.follow_links)
+    manifest = data(source, cfg.follow_links)
     created = not run.exists() or not any(run.iterdir())
     prepare_run_dir(run, resume=resume, overwrite=overwrite)
     try:
@@ -449,6 +464,7 @@ RESUME_REFUSES = {
 
 def train_seeds(
     source: str,
+    data: Callable[[str, bool], Manifest],
     model_cfg: ModelConfig,
     cfg: TrainConfig,
     run: Path,
@@ -457,14 +473,13 @@ def train_seeds(
     overwrite: bool,
 ) -> None:
     """--seeds: the recipe once per seed into sibling run folders, then mean +- std."""
-    from pactl.datasets import load_source
     from pactl.research.seeds import parse_seeds, seed_run_name, shown
     from pactl.research.seeds import train_seeds as run_seeds
 
     chosen = parse_seeds(seeds)
     for s in chosen:
         check_output(run.parent / seed_run_name(run.name, s), "run folder", folder=True)
-    manifest = load_source(source, log, follow_links=cfg.follow_links)
+    manifest = data(source, cfg.follow_links)
     with on_interrupt(lambda: "finished seeds are kept; start the rest with --seeds"):
         result = run_seeds(
             source, manifest, model_cfg, cfg, run.parent, run.name, chosen, log, overwrite

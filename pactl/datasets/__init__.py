@@ -75,17 +75,13 @@ def _load(source: str, reporter: Reporter, follow_links: bool, splits: bool) -> 
     )
 
 
-def typical_side(
-    source: str, *, follow_links: bool = False, sample: int = SIDE_SAMPLE
-) -> int | None:
-    """The median short side, in pixels, of `sample` of the source's training images taken
-    evenly through its manifest (headers only, no decoding); None when none of them reads."""
+def typical_side(manifest: Manifest, sample: int = SIDE_SAMPLE) -> int | None:
+    """The median short side, in pixels, of `sample` of the manifest's training images taken
+    evenly through it (headers only, no decoding); None when none of them reads."""
     import numpy as np
 
-    from pactl.console import QUIET
     from pactl.images import ImageError, pixel_size
 
-    manifest = load_source(source, QUIET, follow_links=follow_links)
     train = manifest.select("train") if manifest.has_split("train") else manifest
     files = train.files()
     if not files:

@@ -16,11 +16,12 @@ failed and its parameters queued again, so the next `pactl sweep --resume DIR` f
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
 import typing
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,7 @@ from pactl.config import (
     preset_for,
     to_dict,
 )
-from pactl.console import Reporter
+from pactl.console import QUIET, Reporter
 from pactl.errors import Busy, PactlError, UsageError
 from pactl.fsutil import atomic_write_text, make_folder, writer_lock
 
@@ -127,26 +128,35 @@ def parse_setting(text: str, many: bool) -> tuple[str, Any]:
 
 
 def base_configs(
-    config: SweepConfig, device_type: str, params: dict[str, Any] | None = None
+    config: SweepConfig,
+    device_type: str,
+    params: dict[str, Any] | None = None,
+    side: Callable[[], int | None] | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
     """The recipe a point starts from: the preset (as `pactl train` chooses it, by the point's
-    weights where they are swept), --set."""
-    from pactl.datasets import typical_side
-
+    weights where they are swept, and by `side()`, the images' typical side, where it depends on
+    it; by default read from the source), --set."""
     fixed = dict(config.fixed)
     weights = (params or {}).get("weights", fixed.get("weights"))
     chosen: Preset = preset_for(
-        config.source,
-        config.preset,
-        device_type,
-        weights,
-        lambda: typical_side(config.source, follow_links=bool(fixed.get("follow_links"))),
+        config.source, config.preset, device_type, weights, side or (lambda: source_side(config))
     )
     model, train = chosen.model, chosen.train
     model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
     model = override(model, **{k: v for k, v in fixed.items() if k in model_keys})
     train = override(train, **{k: v for k, v in fixed.items() if k not in model_keys})
     return model, train
+
+
+def source_side(config: SweepConfig, data: Callable[[bool], Manifest] | None = None) -> int | None:
+    """The typical short side of the sweep source's training images (pactl.datasets), from
+    `data(follow_links)` or a quiet read of the source."""
+    from pactl.datasets import load_source, typical_side
+
+    follow_links = bool(dict(config.fixed).get("follow_links"))
+    if data is not None:
+        return typical_side(data(follow_links))
+    return typical_side(load_source(config.source, QUIET, follow_links=follow_links))
 
 
 def point_configs(
@@ -362,10 +372,14 @@ def run_point(
 
 
 def sweep_point_configs(
-    config: SweepConfig, device_type: str, params: dict[str, Any], seed: int
+    config: SweepConfig,
+    device_type: str,
+    params: dict[str, Any],
+    seed: int,
+    side: Callable[[], int | None] | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
     """One point's configs, from the recipe `pactl train` would start it from."""
-    base = base_configs(config, device_type, params)
+    base = base_configs(config, device_type, params, side)
     return point_configs(*base, params, seed, dict(config.fixed))
 
 
@@ -375,6 +389,7 @@ def objective(
     device_type: str,
     manifest: Manifest,
     reporter: Reporter,
+    side: Callable[[], int | None],
 ) -> Any:
     """Optuna's objective: the point's seeds trained (or read back), their mean score."""
     pruned = optuna_module().TrialPruned
@@ -383,7 +398,7 @@ def objective(
         params = {k: trial.suggest_categorical(k, list(v)) for k, v in config.params}
         scores = []
         for seed in config.seeds:
-            configs = sweep_point_configs(config, device_type, params, seed)
+            configs = sweep_point_configs(config, device_type, params, seed, side)
             try:
                 best = run_point(
                     folder, point_name(params, seed), configs, config.source, manifest, reporter
@@ -421,14 +436,16 @@ def run_sweep(
     optuna_module()
     config = prepare_sweep(folder, config)
     points = grid(config)
+    data = functools.cache(lambda follow: load_source(config.source, reporter, follow_links=follow))
+    side = functools.cache(lambda: source_side(config, data))  # the source read once in all
     for params in points:  # every point's settings checked before any training
         for seed in config.seeds:
-            sweep_point_configs(config, device_type, params, seed)
-    follow_links = base_configs(config, device_type)[1].follow_links
-    manifest = load_source(config.source, reporter, follow_links=follow_links)
+            sweep_point_configs(config, device_type, params, seed, side)
+    follow_links = base_configs(config, device_type, side=side)[1].follow_links
+    manifest = data(follow_links)
     study = open_study(folder, config)
     requeue_stale(study, folder, config, reporter)
-    run_trial = objective(folder, config, device_type, manifest, reporter)
+    run_trial = objective(folder, config, device_type, manifest, reporter, side)
     if config.trials is None:
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         seen = {_key(t.params) for t in complete}
