@@ -180,3 +180,20 @@ def test_an_explicit_selection_stays(tmp_path: Path) -> None:
     )
     _, train = point_configs(*base_configs(config, "cpu"), {"val_classes": 0.3}, 0, {"selection"})
     assert train.selection == "last"
+
+
+def test_a_point_that_fails_ends_the_sweep_with_one_error_line(tmp_path: Path) -> None:
+    """A point refused by training (a batch larger than its train split) ends the sweep with
+    pactl's one-line error: no traceback from the trial's failure on stderr."""
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    args = ["sweep", str(tmp_path / "imgs"), "--param", "alpha=16,32", "--name", "bad"]
+    args += [a for s in [*SETTINGS, "batch_size=64"] for a in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PACTL_RUNS": "runs"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pactl", *args], env=env, cwd=tmp_path, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "File " not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--batch-size 64 is larger than the train split" in errors[0]

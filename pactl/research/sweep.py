@@ -69,7 +69,9 @@ def optuna_module() -> Any:
         import optuna
     except ImportError:
         raise PactlError(f"pactl sweep needs optuna: {INSTALL}") from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Optuna's warnings are about its trials, which pactl reports itself: a point that fails
+    # ends the sweep with pactl's one-line error, where Optuna would log its traceback first.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     return optuna
 
 
