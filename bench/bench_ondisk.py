@@ -174,7 +174,7 @@ def child(args: argparse.Namespace) -> None:
     from pactl.console import Reporter
     from pactl.index import IVFDATA_FILE, load_bundle
     from pactl.index.search import search
-    from pactl.pipeline import index_vectors
+    from pactl.verbs.index import index_vectors
 
     out = args.workdir / f"bundle-{args.child}"
     config = IndexConfig(factory=args.factory, on_disk=args.child)

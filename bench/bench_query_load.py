@@ -378,7 +378,7 @@ def stage_seconds(
     from pactl.index import ITEMS_FILE
     from pactl.index.search import hits, search
     from pactl.output import HitWriter
-    from pactl.pipeline import _path_ids, open_query_model
+    from pactl.verbs.index import _path_ids, open_query_model
 
     t0 = time.perf_counter()
     ItemTable.read(bundle_dir / ITEMS_FILE)

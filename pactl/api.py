@@ -1,7 +1,7 @@
 """pactl from Python: open a bundle and query it, add and delete its items, embed a folder,
 build a bundle, load a checkpoint as a torch module.
 
-Every call here is the library call a `pactl` verb makes (pactl.pipeline, pactl.index), with
+Every call here is the library call a `pactl` verb makes (pactl.verbs.index, pactl.index), with
 the same files, locks and generations: an Index's add and delete take the bundle's writer lock
 and switch one generation, as `pactl index --add/--delete` do, and its queries of image files
 embed and search by the loop `pactl query` runs, so both give the same answers. Nothing is
@@ -74,7 +74,7 @@ class Index:
         faiss_device: str = "auto",
         progress: bool = False,
     ) -> None:
-        from pactl.pipeline import open_query_model
+        from pactl.verbs.index import open_query_model
 
         self.path = Path(path)
         self.device_name, self.faiss_device = device, faiss_device
@@ -125,7 +125,7 @@ class Index:
         return out
 
     def _query_files(self, files: list[Path], k: int, exclude_self: bool) -> list[list[Hit]]:
-        from pactl.pipeline import answer_chunks
+        from pactl.verbs.index import answer_chunks
 
         rows: list[list[Hit]] = []
         opened = (self.bundle, self.model, self.model_config, self.device)
@@ -187,7 +187,7 @@ class Index:
         """`pactl index SOURCE --add BUNDLE`: embed the images of `source` the bundle lacks (or
         holds from before their file changed) and append them, under the bundle's writer lock,
         in one new generation. Returns {"added", "replaced", "count"}."""
-        from pactl.pipeline import add_to_index
+        from pactl.verbs.index import add_to_index
 
         done = add_to_index(str(source), self.path, split, self.device_name, self.reporter, workers)
         self.reload()
@@ -270,7 +270,7 @@ def embed_folder(
     sub-folders give labels), a dataset name or a CSV into the vectors folder `out`; a second
     run embeds only new or changed files. `model` is a checkpoint (best.pt) or a backbone's
     ModelConfig (the pooled features of its published weights, no training)."""
-    from pactl.pipeline import embed_source
+    from pactl.verbs.index import embed_source
 
     reporter = _reporter(progress)
     embed_source(
@@ -281,7 +281,7 @@ def embed_folder(
 
 def read_vectors(folder: str | Path) -> Vectors:
     """The vectors, items and meta of an embed output folder (`pactl embed --out`)."""
-    from pactl.pipeline import gather_vectors
+    from pactl.verbs.index import gather_vectors
 
     return Vectors(*gather_vectors(Path(folder)))
 
@@ -297,7 +297,7 @@ def build_index(
     """`pactl index VECTORS --out OUT`: a bundle from an embed output folder; returns its
     folder (default: runs/<run>/index beside the checkpoint, else ./index)."""
     from pactl.config import check
-    from pactl.pipeline import index_vectors
+    from pactl.verbs.index import index_vectors
 
     config = IndexConfig(factory=factory, target_recall=target_recall)
     check(config, lambda field: field, PactlError)

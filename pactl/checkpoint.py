@@ -161,7 +161,7 @@ def check_payload(payload: dict[str, Any], path: Path) -> None:
 
 def check_training_state(payload: dict[str, Any], path: Path) -> None:
     """The entries only checkpoint.pt has (--resume); whether they fit the run's network and
-    optimiser is checked as they are loaded (pactl.train.restore_state)."""
+    optimiser is checked as they are loaded (pactl.training.loop.restore_state)."""
     _check_tensors(path, "proxies", payload.get("proxies"), empty=True)
     read_config(TrainConfig, payload.get("train_config"), f"{path}: train_config")
     for key in ("optimizer", "scheduler", "scaler"):

@@ -21,7 +21,7 @@ versions, the device, the whole model config and every train setting except the 
 names: a setting added to TrainConfig is in the key until someone shows that epoch 0 does not
 read it.
 
-The BatchNorm calibration (pactl.train.calibrate_batchnorm) reads the random network's state
+The BatchNorm calibration (pactl.training.loop.calibrate_batchnorm) reads the random network's state
 before it, the first training batches (the train split's fingerprint, the per-process batch
 size and the number of batches), the image settings and the device; its result is the buffers
 of every BatchNorm layer, which a run that starts from the same state with the same batches

@@ -146,7 +146,7 @@ def run_cli(
 # The tests that fork add their own loop. Fork happens before any thread pool.
 FORKING_PACTL = r"""
 import json, os, sys, time
-import pactl.cli, pactl.embed, pactl.index, pactl.pipeline, pactl.backbones, pactl.model
+import pactl.cli, pactl.embed, pactl.index, pactl.verbs.index, pactl.backbones, pactl.model
 import pactl.checkpoint, pactl.backbones.timm, timm, torchvision
 
 def run_pactl(job):

@@ -15,7 +15,7 @@ import pytest
 
 from pactl.datasets.catalog import downloads_folder
 from pactl.paths import datasets_dir
-from pactl.pipeline import default_bundle_dir, find_bundle
+from pactl.verbs.index import default_bundle_dir, find_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 

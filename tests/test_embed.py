@@ -89,7 +89,7 @@ def test_query_prepares_the_network_once_for_many_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import pactl.embed
-    from pactl import pipeline
+    from pactl.verbs import index as pipeline
 
     checkpoint = train_tiny(tmp_path, monkeypatch, capsys, classes=4) / "best.pt"
     folder = tmp_path / "imgs"

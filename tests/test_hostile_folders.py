@@ -21,7 +21,7 @@ from pactl.embed import read_embedded
 from pactl.errors import PactlError
 from pactl.fsutil import current_dir
 from pactl.index import check_factory, load_bundle
-from pactl.pipeline import index_vectors
+from pactl.verbs.index import index_vectors
 
 MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
 

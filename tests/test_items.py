@@ -16,8 +16,8 @@ import pytest
 from pactl.errors import PactlError
 from pactl.fsutil import current_dir
 from pactl.index import ITEMS_FILE, META_FILE, ItemTable, load_bundle, save_bundle
-from pactl.index.items import TABLE_FILE, Strings
 from pactl.index.search import hits
+from pactl.items import TABLE_FILE, Strings
 
 # names a CSV or a careless decoder would mangle; the last is not UTF-8
 AWKWARD = [

@@ -16,7 +16,12 @@ from PIL import Image
 from pactl import checkpoint as ckpt
 from pactl.config import TrainConfig
 from pactl.datasets import manifest_from_folder
-from pactl.train import check_splits, health_warnings, hold_out_classes, mean_pairwise_cosine
+from pactl.training.loop import (
+    check_splits,
+    health_warnings,
+    hold_out_classes,
+    mean_pairwise_cosine,
+)
 
 
 def read_metrics(run: Path) -> list[dict[str, str]]:
@@ -92,11 +97,11 @@ def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
     the untrained network, and the curves (reading metrics.csv) mark that same epoch."""
     from types import SimpleNamespace
 
-    from pactl import train
     from pactl.config import ModelConfig
     from pactl.console import QUIET
     from pactl.model import build_model
     from pactl.report import best_epoch, read_metrics
+    from pactl.training import loop as train
 
     monkeypatch.setattr(train, "save_state", lambda *args: None)  # checkpoint.pt: not this test
     model_cfg = ModelConfig(backbone="small", weights="none", image_size=16, resize_size=16)
@@ -308,7 +313,7 @@ def test_a_collapse_is_reported_on_the_epoch_line(
     """A collapsed embedding (mean pairwise cosine near 1) is named, even with --quiet."""
     make_class_folder(tmp_path / "imgs", classes=8, per_class=4)
     monkeypatch.setattr(
-        "pactl.train.mean_pairwise_cosine", lambda v: 0.97 if len(v) else float("nan")
+        "pactl.training.loop.mean_pairwise_cosine", lambda v: 0.97 if len(v) else float("nan")
     )
     args = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "1", "--name", "c", "--quiet"]
     code, _, err = run_cli(args, monkeypatch, capsys)
@@ -460,7 +465,7 @@ def test_random_batchnorm_statistics_are_calibrated_before_epoch_0(tmp_path: Pat
     from pactl.config import ModelConfig
     from pactl.distributed import World
     from pactl.loaders import loader_for
-    from pactl.train import build_trainer, calibrate_batchnorm
+    from pactl.training.loop import build_trainer, calibrate_batchnorm
 
     make_class_folder(tmp_path / "imgs", classes=6, per_class=4)
     train = manifest_from_folder(tmp_path / "imgs").select("train")

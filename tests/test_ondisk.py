@@ -34,7 +34,7 @@ from pactl.index import (
     write_bundle,
 )
 from pactl.index.search import search
-from pactl.pipeline import gather_vectors, index_vectors
+from pactl.verbs.index import gather_vectors, index_vectors
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 

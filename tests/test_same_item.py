@@ -22,7 +22,7 @@ def test_training_stores_the_threshold_of_the_held_out_classes(
     from pactl.console import QUIET
     from pactl.datasets import load_source
     from pactl.embed import embed_files
-    from pactl.train import check_splits
+    from pactl.training.loop import check_splits
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     payload = ckpt.load(run / "best.pt")
@@ -53,12 +53,12 @@ def test_damaged_calibration_is_refused_and_old_checkpoints_load(tmp_path: Path)
 def test_bundles_carry_the_calibration_and_dedup_uses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pactl import pipeline
     from pactl.calibrate import same_item_threshold
     from pactl.config import IndexConfig, ModelConfig
     from pactl.console import QUIET
     from pactl.errors import UsageError
-    from pactl.same_item import dedup
+    from pactl.verbs import index as pipeline
+    from pactl.verbs.dedup import dedup
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     stored = ckpt.load(run / "best.pt")["calibration"]
@@ -111,9 +111,9 @@ def brute_groups(vectors: np.ndarray, ids: np.ndarray, t: float) -> set[frozense
 def test_eval_calibrates_a_checkpoint_and_a_backbone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pactl import pipeline
     from pactl.config import ModelConfig
     from pactl.console import QUIET
+    from pactl.verbs import index as pipeline
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     payload = ckpt.load(run / "best.pt")

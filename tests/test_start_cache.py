@@ -13,7 +13,7 @@ import pytest
 from conftest import make_class_folder
 
 import pactl.images
-import pactl.train
+import pactl.training.loop
 from pactl import start_cache
 from pactl.checkpoint import clean_state_dict, fingerprint
 from pactl.config import ModelConfig, TrainConfig
@@ -41,17 +41,20 @@ def test_points_differing_by_alpha_share_epoch_0_and_a_seed_or_image_size_does_n
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # curves.png and the calibration after the last epoch are not under test: a second a fit
-    monkeypatch.setattr(pactl.train, "finish_run", lambda *args: None)
+    monkeypatch.setattr(pactl.training.loop, "finish_run", lambda *args: None)
     evaluated: list[int] = []
-    evaluate_epoch = pactl.train.evaluate_epoch
+    evaluate_epoch = pactl.training.loop.evaluate_epoch
 
     def counted(*args: Any, **kwargs: Any) -> dict[str, float]:
         evaluated.append(1)
         return evaluate_epoch(*args, **kwargs)
 
-    monkeypatch.setattr(pactl.train, "evaluate_epoch", counted)
+    monkeypatch.setattr(pactl.training.loop, "evaluate_epoch", counted)
     work: dict[str, int] = {"batchnorm": 0, "headers": 0}
-    calibration, check = pactl.train.run_batchnorm_calibration, pactl.images.unreadable_images
+    calibration, check = (
+        pactl.training.loop.run_batchnorm_calibration,
+        pactl.images.unreadable_images,
+    )
 
     def calibrated(*args: Any) -> None:
         work["batchnorm"] += 1
@@ -61,7 +64,7 @@ def test_points_differing_by_alpha_share_epoch_0_and_a_seed_or_image_size_does_n
         work["headers"] += 1
         return check(*args)
 
-    monkeypatch.setattr(pactl.train, "run_batchnorm_calibration", calibrated)
+    monkeypatch.setattr(pactl.training.loop, "run_batchnorm_calibration", calibrated)
     monkeypatch.setattr(pactl.images, "unreadable_images", checked)
     source = str(make_class_folder(tmp_path / "imgs", classes=4, per_class=4))
     manifest = load_source(source, QUIET)
@@ -78,8 +81,8 @@ def test_points_differing_by_alpha_share_epoch_0_and_a_seed_or_image_size_does_n
     assert work == {"batchnorm": 1, "headers": 1}  # the second point loaded both
     assert rows(first)[0] == rows(second)[0]  # the seconds too: those of the run that measured
     fresh = tmp_path / "fresh"
-    pactl.train.prepare_run_dir(fresh, resume=False, overwrite=False)
-    pactl.train.fit(
+    pactl.training.loop.prepare_run_dir(fresh, resume=False, overwrite=False)
+    pactl.training.loop.fit(
         source, manifest, *point_configs(MODEL, TRAIN, {"alpha": 32.0}, 0), fresh, QUIET
     )
     # The reference evaluated epoch 0 and calibrated BatchNorm itself; epoch 1 equal too:
@@ -104,7 +107,7 @@ def test_the_network_built_from_a_seed_is_the_same_whatever_the_loss() -> None:
         ("triplet", 32.0, 0), ("multi_similarity", 32.0, 0), ("proxy_anchor", 32.0, 1),
     ]:  # fmt: skip
         cfg = dataclasses.replace(TRAIN, loss=loss, alpha=alpha, seed=seed)
-        t = pactl.train.build_trainer(MODEL, cfg, 4, world)
+        t = pactl.training.loop.build_trainer(MODEL, cfg, 4, world)
         made[(loss, alpha, seed)] = fingerprint(clean_state_dict(t.net))
     assert len({v for (_, _, seed), v in made.items() if seed == 0}) == 1
     assert made[("proxy_anchor", 32.0, 1)] != made[("proxy_anchor", 32.0, 0)]
@@ -152,9 +155,9 @@ def test_a_header_check_is_reused_only_for_the_same_files_unchanged(tmp_path: Pa
         Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / f"{i}.png")
         files.append(tmp_path / f"{i}.png")
     cache = tmp_path / "cache"
-    assert pactl.train.unreadable_files(files, QUIET, cache) == []
+    assert pactl.training.loop.unreadable_files(files, QUIET, cache) == []
     files[1].write_bytes(b"not an image")  # replaced since: another size and time
-    bad = pactl.train.unreadable_files(files, QUIET, cache)
+    bad = pactl.training.loop.unreadable_files(files, QUIET, cache)
     assert [path for path, _ in bad] == [str(files[1])]
     assert len(list((cache / "headers").glob("*.json"))) == 2
     # the stored result is what is read back (the check itself would find nothing wrong here)

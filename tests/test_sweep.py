@@ -23,7 +23,7 @@ SETTINGS = [
 # The first epoch 1 recorded ends the process as a kill would: no cleanup, the trial RUNNING.
 KILLED = """
 import os, sys
-import pactl.train as train
+import pactl.training.loop as train
 recorded = train.record_epoch
 def record_then_die(t, run_dir, row, *args, **kwargs):
     recorded(t, run_dir, row, *args, **kwargs)
@@ -60,7 +60,7 @@ def test_a_killed_sweep_resumes_and_a_finished_point_is_never_rerun(
 ) -> None:
     import optuna
 
-    import pactl.train
+    import pactl.training.loop
 
     make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
     folder = tmp_path / "runs" / "sw"
@@ -74,13 +74,13 @@ def test_a_killed_sweep_resumes_and_a_finished_point_is_never_rerun(
     assert [r["epoch"] for r in before] == ["0", "1"]
 
     calls: list[tuple[str, bool]] = []
-    fit = pactl.train.fit
+    fit = pactl.training.loop.fit
 
     def counted_fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=False, **rest):  # type: ignore[no-untyped-def]
         calls.append((run_dir.name, resume))
         return fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=resume, **rest)
 
-    monkeypatch.setattr(pactl.train, "fit", counted_fit)
+    monkeypatch.setattr(pactl.training.loop, "fit", counted_fit)
     code, out, err = run_cli(
         ["sweep", "--resume", str(folder), "--format", "csv"], monkeypatch, capsys
     )
@@ -136,7 +136,7 @@ def test_a_point_settles_its_settings_as_train_does(
 
     from pactl.distributed import World
     from pactl.research.sweep import sweep_point_configs
-    from pactl.train import resolve_train_config
+    from pactl.training.loop import resolve_train_config
 
     make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
     config = SweepConfig(

@@ -174,7 +174,7 @@ def test_bf16_autocast_step_matches_float32(tmp_path: Path) -> None:
     """Under bf16 autocast the network runs in bf16, the loss in float32, close to fp32."""
     from pactl.config import ModelConfig, TrainConfig
     from pactl.distributed import World
-    from pactl.train import build_trainer, train_step
+    from pactl.training.loop import build_trainer, train_step
 
     model_cfg = ModelConfig(
         backbone="small", weights="none", embedding_dim=16, image_size=16, resize_size=16

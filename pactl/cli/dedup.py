@@ -80,7 +80,7 @@ def dedup(
       pactl dedup runs/<run>/index --keep largest --paths-only -0 | xargs -0 ls -l
     """
     from pactl.output import GroupWriter
-    from pactl.same_item import dedup as find
+    from pactl.verbs.dedup import dedup as find
 
     if paths_only and fmt is not None:
         raise UsageError("--paths-only writes bare paths; leave out --format")

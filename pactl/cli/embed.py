@@ -1,4 +1,4 @@
-"""`pactl embed`: images -> a vectors folder (pactl.pipeline.embed_source)."""
+"""`pactl embed`: images -> a vectors folder (pactl.verbs.index.embed_source)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def embed(
       torchrun --nproc-per-node 8 -m pactl embed photos/ \\
           --checkpoint best.pt --shard auto
     """
-    from pactl.pipeline import embed_source
+    from pactl.verbs.index import embed_source
 
     check_source(source)
     check_option("--device", device, TRAIN_RULES["device"])

@@ -89,8 +89,8 @@ def eval_(
       pactl eval my_photos/ --backbone resnet50   # the ImageNet start
       pactl eval --calibrate --precision 0.995   # same-item threshold
     """
-    from pactl.pipeline import eval_checkpoint
-    from pactl.train import latest_run, resumed_configs
+    from pactl.training.loop import latest_run, resumed_configs
+    from pactl.verbs.index import eval_checkpoint
 
     if source is not None:
         check_source(source)
@@ -144,7 +144,7 @@ def calibrate_to_stdout(
     follow_links: bool,
 ) -> None:
     """`--calibrate`: the threshold, the precision it reaches and the recall kept, on stdout."""
-    from pactl.pipeline import calibrate_source
+    from pactl.verbs.index import calibrate_source
 
     log = reporter(quiet)
     cal = calibrate_source(source, model_from, precision, device, workers, log, follow_links)

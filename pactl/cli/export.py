@@ -1,5 +1,5 @@
 """`pactl export`: a checkpoint as ONNX, vectors as Parquet, a bundle into Qdrant (the library
-side in pactl.pipeline: export_onnx, export_parquet, export_qdrant)."""
+side in pactl.verbs.index: export_onnx, export_parquet, export_qdrant)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def export(
       pactl export my_index/ --to qdrant qdrant-local/            # the same
       pactl query img.png --index my_index/ --qdrant qdrant-local/
     """
-    from pactl import pipeline
+    from pactl.verbs import index as pipeline
 
     out_to = destination(target, out_to)
     given = {"--opset": opset is not None, "--overwrite": overwrite}

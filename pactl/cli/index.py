@@ -157,7 +157,7 @@ def index(
       pactl index my_index/ --compact      # drop deleted items from the index
       pactl index --verify my_index/       # check every file's checksum
     """
-    from pactl import pipeline
+    from pactl.verbs import index as pipeline
 
     log = reporter(quiet)
     config = index_config(factory, target_recall, on_disk, faiss_device)
@@ -254,7 +254,7 @@ def add_to(
 ) -> None:
     """--add: embed `source` with the bundle's own network and add it, without a rebuild
     (`checkpoint`: that network's file, where the recorded one moved; another is refused)."""
-    from pactl import pipeline
+    from pactl.verbs import index as pipeline
 
     if source is None:
         raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")

@@ -36,7 +36,7 @@ from pactl.paths import runs_dir
 
 if TYPE_CHECKING:  # the library's heavy side is imported by the commands that use it
     from pactl.output import HitWriter
-    from pactl.pipeline import QueryChunk
+    from pactl.verbs.index import QueryChunk
 
 
 def query(
@@ -141,8 +141,8 @@ def query(
       pactl query new.jpg --same-item --k 10   # already indexed?
       pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
     """
-    from pactl import pipeline
     from pactl.output import HitWriter
+    from pactl.verbs import index as pipeline
 
     log = reporter(quiet)
     check_option("--device", device, TRAIN_RULES["device"])

@@ -1,4 +1,4 @@
-"""`pactl train`: options -> ModelConfig and TrainConfig -> pactl.train.fit, resumable."""
+"""`pactl train`: options -> ModelConfig and TrainConfig -> pactl.training.loop.fit, resumable."""
 
 from __future__ import annotations
 
@@ -307,7 +307,7 @@ def resumed(
     resume: str, given: dict[str, Any], epochs: int | None, device: str | None, workers: int | None
 ) -> tuple[Path, str, ModelConfig, TrainConfig]:
     """The run --resume names and its own settings; only --epochs, --device, --workers change."""
-    from pactl.train import latest_run, resumed_configs
+    from pactl.training.loop import latest_run, resumed_configs
 
     if given:
         names = ", ".join("--" + k.rstrip("_").replace("_", "-") for k in sorted(given))
@@ -401,7 +401,7 @@ def settled(
 def show_config(source: str, model_cfg: ModelConfig, cfg: TrainConfig, why: list[str]) -> None:
     """--print-config: the settings as this machine would resolve them, and why, as JSON."""
     from pactl.distributed import World
-    from pactl.train import explain, resolve_train_config
+    from pactl.training.loop import explain, resolve_train_config
 
     world = World(size=int(os.environ.get("WORLD_SIZE", "1")))
     cfg = resolve_train_config(model_cfg, cfg, world)
@@ -422,7 +422,7 @@ def run_fit(
 ) -> Any:
     """Train into `run` on `data(source, follow_links)`; a run that fails before its first
     checkpoint leaves no folder behind."""
-    from pactl.train import fit, prepare_run_dir
+    from pactl.training.loop import fit, prepare_run_dir
 
     check_output(run, "run folder", folder=True)
     manifest = data(source, cfg.follow_links)

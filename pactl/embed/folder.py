@@ -66,7 +66,7 @@ def read_vectors(folder: Path) -> tuple[np.ndarray, dict[str, Any]]:
 def read_embedded(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
     """Vectors (memory-mapped), ItemTable and meta of an embed output folder, all three from
     one generation."""
-    from pactl.index.items import ItemTable
+    from pactl.items import ItemTable
 
     def read(gen: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
         vectors, meta = read_vectors_in(gen, folder)

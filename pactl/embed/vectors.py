@@ -62,7 +62,7 @@ def read_previous(out_dir: Path, fingerprint: str) -> Previous | None:
         vectors, meta = read_vectors_in(folder, out_dir)
         if meta.get("fingerprint") != fingerprint:
             return None
-        from pactl.index.items import ItemTable
+        from pactl.items import ItemTable
 
         items = ItemTable.read(folder / "items.csv")
         columns = (items.paths, items.ids.tolist(), items.sizes.tolist(), items.mtimes.tolist())

@@ -53,7 +53,6 @@ from pactl.index.bundle import (
     save_bundle,
     write_bundle,
 )
-from pactl.index.items import ITEMS_HEADER, ItemTable
 from pactl.index.ondisk import (
     IVFDATA_FILE,
     MERGE_DIR,
@@ -64,6 +63,7 @@ from pactl.index.ondisk import (
     wants_on_disk,
 )
 from pactl.index.verify import verify_bundle
+from pactl.items import ITEMS_HEADER, ItemTable
 
 __all__ = [
     "BUNDLE_FILES",

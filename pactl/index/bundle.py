@@ -40,7 +40,6 @@ from pactl.index.build import (
     faiss_gpus,
     gpu_searcher,
 )
-from pactl.index.items import ID_MAX, TABLE_FILE, ItemTable
 from pactl.index.ondisk import (
     IVFDATA_FILE,
     PENDING_IVFDATA,
@@ -50,6 +49,7 @@ from pactl.index.ondisk import (
     empty_like,
 )
 from pactl.index.search import in_sorted
+from pactl.items import ID_MAX, TABLE_FILE, ItemTable
 
 BUNDLE_FORMAT = "pactl.bundle"
 BUNDLE_VERSION = 2  # 2: may hold deleted.npy; a bundle without tombstones is still written as 1

@@ -14,7 +14,7 @@ from pactl.errors import PactlError
 
 
 class Items(Protocol):
-    """What a search reads of a bundle's item table (pactl.index.items.ItemTable)."""
+    """What a search reads of a bundle's item table (pactl.items.ItemTable)."""
 
     @property
     def ids(self) -> np.ndarray: ...  # (n,) int64

@@ -47,7 +47,7 @@ def write_parquet(
     reporter: Reporter = QUIET,
     config: ParquetConfig = ParquetConfig(),
 ) -> dict[str, Any]:
-    """Write vectors (`parts`: (vectors, ItemTable) pairs, as pactl.pipeline.read_parts gives a
+    """Write vectors (`parts`: (vectors, ItemTable) pairs, as pactl.verbs.index.read_parts gives a
     vectors folder) to `out` in the layout, as one new generation; `meta` is the vectors'
     meta.json; `config.rows_per_shard` vectors go to a shard at most. Returns the meta.json
     written."""

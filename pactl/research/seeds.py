@@ -99,7 +99,7 @@ def train_seeds(
     overwrite: bool = False,
 ) -> SeedsResult:
     """fit() once per seed into runs/<name>-s<seed>; the summary in runs/<name>-seeds.csv."""
-    from pactl.train import fit, prepare_run_dir
+    from pactl.training.loop import fit, prepare_run_dir
 
     folders = [runs / seed_run_name(name, s) for s in seeds]
     for folder in folders:  # every folder is checked before the first run starts

@@ -354,7 +354,7 @@ def run_point(
 ) -> dict[str, float]:
     """One point and seed: read back when finished, resumed from its checkpoint, or trained.
     Busy when another process is training it."""
-    from pactl.train import fit, prepare_run_dir, resumed_configs
+    from pactl.training.loop import fit, prepare_run_dir, resumed_configs
 
     run, lock = folder / "points" / name, folder / "locks" / name
     make_folder(lock)

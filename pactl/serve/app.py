@@ -306,7 +306,7 @@ def _writes(app: FastAPI) -> None:
         """Embed uploaded images (`file`, `files`, optional `label`) and append them to the
         bundle as a new generation; they are kept under the upload folder."""
         from pactl.console import QUIET
-        from pactl.pipeline import add_to_index
+        from pactl.verbs.index import add_to_index
 
         if form is None:  # the client went away mid-upload
             return {}

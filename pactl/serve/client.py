@@ -27,7 +27,7 @@ from urllib.parse import urlencode, urlsplit
 from pactl.errors import PactlError, UsageError
 from pactl.files import NotRegular, open_regular, os_reason
 from pactl.index.search import Hit
-from pactl.pipeline import QueryChunk
+from pactl.verbs.index import QueryChunk
 
 CHUNK = 128
 DEFAULT_LIMITS = (20 * 1024 * 1024, 128)  # bytes and files, where /health does not say them

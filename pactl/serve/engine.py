@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pactl.fsutil import generation_of
-from pactl.index.items import ID_MAX
+from pactl.items import ID_MAX
 from pactl.serve.config import ServeConfig
 
 
@@ -95,7 +95,7 @@ class Engine:
         self._load_model_and_bundle()
 
     def _load_model_and_bundle(self) -> None:
-        from pactl.pipeline import open_query_model
+        from pactl.verbs.index import open_query_model
 
         generation = generation_of(self.config.bundle)
         bundle, model, model_cfg, device = open_query_model(
@@ -187,7 +187,7 @@ class Engine:
     def same_item_threshold(self) -> float:
         """The current bundle's calibrated same-item threshold (PactlError: it has none)."""
         from pactl.calibrate import same_item_threshold
-        from pactl.pipeline import calibration_of
+        from pactl.verbs.index import calibration_of
 
         meta = self.fresh().bundle.meta
         return same_item_threshold(calibration_of(meta), str(self.config.bundle))[0]

@@ -595,7 +595,7 @@ def index_latest_run(
     """Right after `pactl train NAME`: index that dataset's test (gallery) images, following
     links where asked or where the run itself followed them."""
     from pactl.datasets import load_source
-    from pactl.train import latest_run, resumed_configs
+    from pactl.training.loop import latest_run, resumed_configs
 
     run = latest_run(runs)
     best = run / "best.pt"
@@ -807,7 +807,7 @@ def eval_checkpoint(
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
     from pactl.runtime import resolve_device
-    from pactl.train import evaluate
+    from pactl.training.loop import evaluate
 
     manifest = load_source(source, reporter, follow_links=follow_links)
     evaluation = manifest.select(*manifest.eval_splits())
@@ -838,7 +838,7 @@ def calibrate_source(
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
     from pactl.runtime import resolve_device
-    from pactl.train import calibrate_checkpoint, split_vectors
+    from pactl.training.loop import calibrate_checkpoint, split_vectors
 
     manifest = load_source(source, reporter, follow_links=follow_links)
     split = "val" if manifest.has_split("val") else "test"
