@@ -231,7 +231,7 @@ def run_pactl_library(args: argparse.Namespace) -> dict[str, Any]:
     from pactl.checkpoint import load_model
     from pactl.console import QUIET
     from pactl.embed import embed_files
-    from pactl.verbs.index import source_items
+    from pactl.verbs.sources import source_items
 
     began = time.perf_counter()
     files, _ = source_items(str(args.folder), None, QUIET)
@@ -437,7 +437,7 @@ def breakdown(folder: Path, checkpoint: Path, args: argparse.Namespace) -> list[
     from pactl.embed import inference_model
     from pactl.loaders import loader_for
     from pactl.runtime import autocast
-    from pactl.verbs.index import source_items
+    from pactl.verbs.sources import source_items
 
     # Loader workers run one torch thread each; in this process too, lest tiny ops contend.
     torch.set_num_threads(1)
@@ -570,7 +570,7 @@ def fastpath(folder: Path, checkpoint: Path, args: argparse.Namespace) -> list[s
     from pactl.checkpoint import load_model
     from pactl.console import QUIET
     from pactl.loaders import loader_for
-    from pactl.verbs.index import source_items
+    from pactl.verbs.sources import source_items
 
     torch.set_num_threads(args.threads)
     files, _ = source_items(str(folder), None, QUIET)

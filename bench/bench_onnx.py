@@ -82,7 +82,7 @@ def sample_photos(config: Any) -> Any:
     import torch
     from PIL import Image
 
-    from pactl.images import build_transform
+    from pactl.transforms import build_transform
 
     transform = build_transform(
         config.image_size, config.resize_size, config.mean, config.std, train=False,

@@ -133,7 +133,7 @@ def gallery_vectors(ckpt: Path, n: int, seed: int) -> tuple[np.ndarray, np.ndarr
     import torch
 
     from pactl.checkpoint import load_model
-    from pactl.images import build_transform
+    from pactl.transforms import build_transform
 
     model, cfg, _ = load_model(ckpt)
     assert cfg.mean is not None and cfg.std is not None
@@ -378,13 +378,15 @@ def stage_seconds(
     from pactl.index import ITEMS_FILE
     from pactl.index.search import hits, search
     from pactl.output import HitWriter
-    from pactl.verbs.index import _path_ids, open_query_model
+    from pactl.verbs.index import _path_ids
+    from pactl.verbs.query import open_query_model
 
     t0 = time.perf_counter()
     ItemTable.read(bundle_dir / ITEMS_FILE)
     got = {"parse items.csv": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    bundle, model, model_cfg, device = open_query_model(bundle_dir, None, "cpu")
+    opened = open_query_model(bundle_dir, None, "cpu")
+    bundle, model, model_cfg, device = opened.bundle, opened.model, opened.config, opened.device
     got["open bundle + model"] = time.perf_counter() - t0
     steps = dict.fromkeys(("decode + embed", "search", "hit rows", "write jsonl"), 0.0)
     reached = []

@@ -149,9 +149,9 @@ def decoding_table(config: SweepConfig) -> str:
     from pactl.distributed import World
     from pactl.images import load_image
     from pactl.loaders import loader_for
-    from pactl.training.loop import build_trainer, train_step
+    from pactl.training.trainer import build_trainer, train_step
 
-    model_cfg, cfg = sweep.point_configs(*sweep.base_configs(config, "cpu"), {"alpha": 16.0}, 0)
+    model_cfg, cfg = sweep.sweep_point_configs(config, "cpu", {"alpha": 16.0}, 0)
     manifest = load_source(config.source, Reporter(quiet=True))
     train, test = manifest.select("train"), manifest.select("test")
     labels = np.searchsorted(np.unique(train.labels), train.labels)

@@ -41,7 +41,7 @@ from pactl.config import IndexConfig, ModelConfig, TrainConfig  # noqa: E402
 from pactl.console import QUIET  # noqa: E402
 from pactl.distributed import World  # noqa: E402
 from pactl.losses import proxy_anchor_loss  # noqa: E402
-from pactl.training.loop import build_trainer, train_step  # noqa: E402
+from pactl.training.trainer import build_trainer, train_step
 
 ROWS: list[str] = []
 

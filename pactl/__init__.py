@@ -7,7 +7,7 @@ Its names load pactl.api on first use, so `import pactl` (and `pactl --help`) st
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from pactl.version import __version__
 
 _API = (
     "Hit",
@@ -23,9 +23,9 @@ __all__ = ["__version__", *_API]
 
 
 def __getattr__(name: str) -> Any:
-    """`pactl.open_index` and the rest of _API, from pactl.api on first use. By name, not an
-    import statement: every module imports this package for __version__, and none of them may
-    depend on the API layer (.importlinter), which only a user's `pactl.NAME` loads."""
+    """`pactl.open_index` and the rest of _API (pactl.api's __all__), from pactl.api on first
+    use: `import pactl` loads nothing heavy, and no module inside pactl imports this one (its
+    __version__ is pactl.version's)."""
     if name in _API:
         return getattr(importlib.import_module("pactl.api"), name)
     raise AttributeError(f"module 'pactl' has no attribute {name!r}")

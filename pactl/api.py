@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pactl import _API
-from pactl.config import IndexConfig, ModelConfig
+from pactl.config import EmbedConfig, IndexConfig, ModelConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
-from pactl.index.search import Hit
+from pactl.results import Hit
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +37,16 @@ if TYPE_CHECKING:
     # batch (B, 3, S, S) already preprocessed as Index.preprocess does.
     Query = str | Path | Image.Image | torch.Tensor
 
-__all__ = list(_API)  # the names pactl/__init__ hands on lazily
+__all__ = [  # pactl/__init__.py hands these on lazily (tests/test_layout.py keeps the two equal)
+    "Hit",
+    "Index",
+    "Vectors",
+    "build_index",
+    "embed_folder",
+    "load_model",
+    "open_index",
+    "read_vectors",
+]
 
 
 def _reporter(progress: bool) -> Reporter:
@@ -74,16 +82,13 @@ class Index:
         faiss_device: str = "auto",
         progress: bool = False,
     ) -> None:
-        from pactl.verbs.index import open_query_model
+        from pactl.verbs.query import open_query_model
 
         self.path = Path(path)
         self.device_name, self.faiss_device = device, faiss_device
         self.reporter = _reporter(progress)
         ckpt = Path(checkpoint) if checkpoint is not None else None
-        self.bundle: Bundle
-        self.bundle, self.model, self.model_config, self.device = open_query_model(
-            self.path, ckpt, device, faiss_device
-        )
+        self.opened = open_query_model(self.path, ckpt, device, faiss_device)
         self._transform: Any = None
 
     def __len__(self) -> int:
@@ -92,6 +97,24 @@ class Index:
 
     def __repr__(self) -> str:
         return f"Index({str(self.path)!r}, {len(self)} items, dimension {self.dimension})"
+
+    @property
+    def bundle(self) -> Bundle:
+        """The pactl.index.Bundle as loaded (reloaded after add, delete and compact)."""
+        return self.opened.bundle
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The bundle's network, on `device`."""
+        return self.opened.model
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.opened.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.opened.device
 
     @property
     def dimension(self) -> int:
@@ -125,11 +148,10 @@ class Index:
         return out
 
     def _query_files(self, files: list[Path], k: int, exclude_self: bool) -> list[list[Hit]]:
-        from pactl.verbs.index import answer_chunks
+        from pactl.verbs.query import answer_chunks
 
         rows: list[list[Hit]] = []
-        opened = (self.bundle, self.model, self.model_config, self.device)
-        for chunk in answer_chunks(*opened, files, k, exclude_self, self.reporter):
+        for chunk in answer_chunks(self.opened, files, k, exclude_self, self.reporter):
             if chunk.failed:
                 name, reason = chunk.failed[0]
                 raise PactlError(f"unreadable query image {name}: {reason}")
@@ -168,7 +190,8 @@ class Index:
     def preprocess(self, image: Image.Image) -> torch.Tensor:
         """A PIL image as the network takes it: upright 8-bit RGB (transparency on white),
         resized, centre-cropped and normalised as the bundle's model_config says: (3, S, S)."""
-        from pactl.images import build_transform, to_rgb
+        from pactl.images import to_rgb
+        from pactl.transforms import build_transform
 
         if self._transform is None:
             cfg = self.model_config
@@ -187,9 +210,10 @@ class Index:
         """`pactl index SOURCE --add BUNDLE`: embed the images of `source` the bundle lacks (or
         holds from before their file changed) and append them, under the bundle's writer lock,
         in one new generation. Returns {"added", "replaced", "count"}."""
-        from pactl.verbs.index import add_to_index
+        from pactl.verbs.add import add_to_index
 
-        done = add_to_index(str(source), self.path, split, self.device_name, self.reporter, workers)
+        config = EmbedConfig(device=self.device_name, workers=workers)
+        done = add_to_index(str(source), self.path, split, config, self.reporter)
         self.reload()
         return {key: int(value) for key, value in done.items()}
 
@@ -215,7 +239,7 @@ class Index:
         """Load the bundle's current generation (another process may have written one)."""
         from pactl.index import load_bundle
 
-        self.bundle = load_bundle(self.path, faiss_device=self.faiss_device)
+        self.opened.bundle = load_bundle(self.path, faiss_device=self.faiss_device)
 
 
 def _as_list(images: Any) -> list[Any]:
@@ -270,18 +294,17 @@ def embed_folder(
     sub-folders give labels), a dataset name or a CSV into the vectors folder `out`; a second
     run embeds only new or changed files. `model` is a checkpoint (best.pt) or a backbone's
     ModelConfig (the pooled features of its published weights, no training)."""
-    from pactl.verbs.index import embed_source
+    from pactl.verbs.embed import embed_source
 
     reporter = _reporter(progress)
-    embed_source(
-        str(source), _model_source(model), Path(out), split, device, reporter, batch_size, workers
-    )
+    config = EmbedConfig(device=device, batch_size=batch_size, workers=workers)
+    embed_source(str(source), _model_source(model), Path(out), split, config, reporter)
     return read_vectors(out)
 
 
 def read_vectors(folder: str | Path) -> Vectors:
     """The vectors, items and meta of an embed output folder (`pactl embed --out`)."""
-    from pactl.verbs.index import gather_vectors
+    from pactl.verbs.vectors import gather_vectors
 
     return Vectors(*gather_vectors(Path(folder)))
 

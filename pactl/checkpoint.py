@@ -17,10 +17,11 @@ from typing import IO, Any, cast
 import torch
 from torch import nn
 
-from pactl import __version__
-from pactl.config import MAX_EPOCHS, ModelConfig, TrainConfig, integer, read_config, to_dict
+from pactl.config import ModelConfig, TrainConfig, read_config, to_dict
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_path
+from pactl.rules import MAX_EPOCHS, integer
+from pactl.version import __version__
 
 FORMAT = "pactl.checkpoint"
 VERSION = 1

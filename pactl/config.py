@@ -1,83 +1,253 @@
-"""Frozen configuration dataclasses and the paper's per-dataset presets.
+"""Frozen configuration records, each setting declared once.
+
+A setting is one field: its default, its rule (pactl.rules), its help (the `pactl train` option's
+help text, or what the field means where no option sets it), its option's name where that is not
+`--field-name`, and whether `--resume` may change it (`setting`). The checks, the CLI's choices,
+its option names and what `--resume` refuses are read from these declarations.
 
 Every artifact pactl writes carries the config that made it (config.json, checkpoint.pt,
-meta.json), so each can be rebuilt from its own metadata.
+meta.json), so each can be rebuilt from its own metadata. The presets, and the recipe chosen for
+your data and device, are pactl.recipe's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pactl.errors import PactlError
+from pactl.rules import (
+    COMMIT_EVERY,
+    INTERPOLATIONS,
+    MAX_BATCH_SIZE,
+    MAX_DIMENSION,
+    MAX_EMBEDDING_DIM,
+    MAX_EPOCHS,
+    MAX_IMAGE_SIZE,
+    MAX_K,
+    MAX_RESIZE_SIZE,
+    MAX_SEED,
+    MAX_WORKERS,
+    MIN_IMAGE_SIZE,
+    Rule,
+    choice,
+    device,
+    flag,
+    integer,
+    integers,
+    number,
+    numbers,
+    optional,
+    shown,
+    text,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
+# The choices of the settings that name one of several ways; each registry that implements
+# them (pactl.losses.LOSSES, pactl.transforms.AUGMENTS, pactl.model.POOLINGS,
+# pactl.training.samplers.SAMPLERS, pactl.runtime.AMP) holds exactly these (tests/test_layout.py).
+LOSS_NAMES = ("proxy_anchor", "proxy_nca", "multi_similarity", "triplet", "contrastive")
+AUGMENT_NAMES = ("rrc_flip", "flip", "light", "none")
+POOLING_NAMES = ("avg+max", "avg", "max", "token")
+SAMPLER_NAMES = ("shuffle", "m_per_class")
+AMP_NAMES = ("none", "bf16", "fp16")
+
+
+def setting(
+    default: Any,
+    rule: Rule,
+    help: str,
+    *,
+    option: str | None = None,
+    cli: bool = True,
+    resume: bool = False,
+) -> Any:
+    """A config field declared once: `help` is its option's help (or its meaning where `cli` is
+    False: no option sets it), `option` its option's name where that is not --field-name, and
+    `resume` whether `pactl train --resume` may change it."""
+    info = {"rule": rule, "help": help, "option": option, "cli": cli, "resume": resume}
+    return field(default=default, metadata=info)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
-    backbone: str = "bn_inception"  # a name in pactl.backbones.BACKBONES (or timm:<name>)
-    weights: str = "imagenet"  # none | imagenet | path to a state_dict file
-    embedding_dim: int = 512  # size of the L2-normalised embedding; 0: the pooled features
-    image_size: int = 224  # side of the square crop the network sees
-    resize_size: int | None = None  # test-time resize before the centre crop; None: image_size
-    # divided by the crop fraction the backbone's weights were evaluated with (224/256 mostly)
-    mean: tuple[float, ...] | None = None  # per-channel normalisation in [0, 1] units;
-    std: tuple[float, ...] | None = None  # None: what the backbone's weights expect
-    interpolation: str | None = None  # resize filter (bilinear | bicubic); None: the backbone's
-    pooling: str = "avg+max"  # global average + global max pooling, summed (official head);
-    # avg | max alone; token: a transformer's class token (timm ViT, DeiT, EVA...)
-    dimension: int | None = None  # the vectors' size, filled in when the network is built
+    backbone: str = setting(
+        "bn_inception", text(), "small, bn_inception, resnet50, timm:<model>, ... (pactl list "
+        "backbones)."
+    )  # fmt: skip
+    weights: str = setting(
+        "imagenet", text(), "none | imagenet | PATH (a state_dict file, .pth or .safetensors)."
+    )
+    embedding_dim: int = setting(
+        512, integer(0, MAX_EMBEDDING_DIM), "Embedding size.", option="--dim"
+    )  # the L2-normalised embedding's size; 0: the pooled features
+    image_size: int = setting(
+        224, integer(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE), "Crop size the network sees."
+    )
+    resize_size: int | None = setting(
+        None, optional(integer(MIN_IMAGE_SIZE, MAX_RESIZE_SIZE)), "Test-time resize before crop."
+    )  # None: image_size divided by the crop fraction the backbone's weights were evaluated with
+    mean: tuple[float, ...] | None = setting(
+        None, optional(numbers(3, number(0, 1))),
+        "Per-channel normalisation in [0, 1] units; None: what the backbone's weights expect.",
+        cli=False,
+    )  # fmt: skip
+    std: tuple[float, ...] | None = setting(
+        None, optional(numbers(3, number(0, 1, above=True))),
+        "Per-channel scale in [0, 1] units; None: what the backbone's weights expect.",
+        cli=False,
+    )  # fmt: skip
+    interpolation: str | None = setting(
+        None, optional(choice(*INTERPOLATIONS)),
+        "Resize filter (bilinear | bicubic); None: the backbone's.", cli=False,
+    )  # fmt: skip
+    pooling: str = setting(
+        "avg+max", choice(*POOLING_NAMES),
+        "Feature pooling: avg+max (summed, the official head; the default), avg, max, token (a "
+        "timm transformer's class token).",
+    )  # fmt: skip
+    dimension: int | None = setting(
+        None, optional(integer(1, MAX_DIMENSION)),
+        "The vectors' size, filled in when the network is built.", cli=False,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 60  # passes over the training split
-    time_budget: float = 0.0  # seconds the run may take, epochs fitted to it (pactl.budget); 0: off
-    batch_size: int = 180  # images per optimiser step (global, across all processes)
-    lr: float = 1e-4  # AdamW learning rate of the network
-    weight_decay: float = 1e-4  # AdamW weight decay
-    proxy_lr_mult: float = 100.0  # proxies learn this much faster than the network
-    alpha: float = 32.0  # Proxy-Anchor scaling
-    delta: float = 0.1  # Proxy-Anchor margin
-    loss: str = "proxy_anchor"  # a name in pactl.losses.LOSSES
-    warmup_epochs: int = 1  # epochs that train only the head and the proxies
-    lr_decay_step: int = 10  # step decay period in epochs
-    lr_decay_gamma: float = 0.5  # step decay factor
-    freeze_bn: bool | None = None  # keep BatchNorm statistics fixed; None: when pretrained
-    sync_bn: bool | None = None  # SyncBatchNorm under torchrun; None: when BatchNorm trains
-    grad_clip: float = 10.0  # clip gradient values (as the official loop does); 0 disables
-    augment: str = "rrc_flip"  # train-time augmentation: rrc_flip | flip | light | none
-    crop_scale: float = 0.08  # rrc_flip's smallest crop, as a share of the image's area
-    sampler: str = "shuffle"  # shuffle | m_per_class
-    m_per_class: int = 4  # images per class in a batch with the m_per_class sampler
-    eval_ks: tuple[int, ...] = (1, 2, 4, 8)  # Recall@K reported each epoch
-    eval_every: int = 1  # evaluate every this many epochs (and always after the last)
-    val_classes: float = 0.15  # share of the train classes held out to choose best.pt (0: none)
-    selection: str = "val"  # split whose Recall@1 chooses best.pt: val | test | last
-    seed: int = 0  # seeds model init, sampling and augmentation
-    precision: float = 0.99  # same-item precision the calibrated cosine threshold reaches
-    workers: int = 4  # DataLoader worker processes
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    amp: str = "none"  # none | bf16 | fp16 autocast; the loss always runs in float32
-    channels_last: bool = True  # NHWC memory layout for convolutions (much faster on CPUs too)
-    compile: bool = False  # torch.compile the model
-    follow_links: bool = False  # read images through links that lead out of the source folder
-    tensorboard: bool = False  # log loss, lr and metrics per epoch to <run>/tensorboard
+    epochs: int = setting(60, integer(1, MAX_EPOCHS), "Epochs to train.", resume=True)
+    time_budget: float = setting(
+        0.0, number(0, 365 * 86400),
+        "Fit the epochs (and the lr decay, in proportion) to this wall-clock budget from the "
+        "run's measured step and evaluation times: 15m, 900s, 1.5h. Not with --epochs.",
+    )  # fmt: skip  # seconds (pactl.budget); 0: off
+    batch_size: int = setting(
+        180, integer(2, MAX_BATCH_SIZE), "Global batch size (2 at least: pairs to compare)."
+    )
+    lr: float = setting(1e-4, number(0, 10, above=True), "AdamW learning rate.")
+    weight_decay: float = setting(1e-4, number(0, 10), "AdamW weight decay.")
+    proxy_lr_mult: float = setting(
+        100.0, number(0, 1e6, above=True), "Proxies' lr multiplier."
+    )  # proxies learn this much faster than the network (pactl.training.trainer.param_groups)
+    alpha: float = setting(32.0, number(0, 1e4, above=True), "Proxy-Anchor alpha.")
+    delta: float = setting(0.1, number(0, 1), "Proxy-Anchor margin delta.")
+    loss: str = setting("proxy_anchor", choice(*LOSS_NAMES), "Loss to train with.")
+    warmup_epochs: int = setting(1, integer(0, MAX_EPOCHS), "Head-only epochs.")
+    lr_decay_step: int = setting(10, integer(1, MAX_EPOCHS), "Epochs between learning-rate decays.")
+    lr_decay_gamma: float = setting(
+        0.5, number(0, 1, above=True), "Factor of each learning-rate decay."
+    )
+    freeze_bn: bool | None = setting(
+        None, optional(flag()),
+        "Keep BatchNorm statistics fixed. Default: frozen for pretrained weights (as the paper "
+        "does for CUB and Cars), training with --weights none (frozen random statistics make "
+        "the network collapse).",
+    )  # fmt: skip
+    sync_bn: bool | None = setting(
+        None, optional(flag()),
+        "SyncBatchNorm under torchrun (default: on when BatchNorm trains on GPUs).",
+    )  # fmt: skip
+    grad_clip: float = setting(
+        10.0, number(0, 1e6),
+        "Clip gradient values (as the official loop does); 0 disables.", cli=False,
+    )  # fmt: skip
+    augment: str = setting(
+        "rrc_flip", choice(*AUGMENT_NAMES),
+        "Train-time augmentation: rrc_flip (random resized crop + flip, the paper's), flip (the "
+        "test transform's view, mirrored half the time), light (small affine jitter, no flip: "
+        "glyphs, digits), none.",
+    )  # fmt: skip
+    crop_scale: float = setting(
+        0.08, number(0, 1, above=True),
+        "rrc_flip's smallest crop as a share of the image's area (the paper's 0.08; 1.0 keeps "
+        "whole images, only reshaped).",
+    )  # fmt: skip
+    sampler: str = setting("shuffle", choice(*SAMPLER_NAMES), "shuffle | m_per_class.")
+    m_per_class: int = setting(
+        4, integer(1, MAX_BATCH_SIZE), "Images per class (m_per_class).", option="--m"
+    )
+    eval_ks: tuple[int, ...] = setting(
+        (1, 2, 4, 8), integers(32, 1, MAX_K), "Recall@K reported each epoch.", cli=False
+    )
+    eval_every: int = setting(
+        1, integer(1, MAX_EPOCHS),
+        "Evaluate every this many epochs (and always after the last).", cli=False,
+    )  # fmt: skip
+    val_classes: float = setting(
+        0.15, number(0, 0.9),
+        "Share of the train classes held out as validation classes that choose best.pt "
+        "(default 0.15 for your own data; 0: none, best.pt is the last epoch). Presets keep "
+        "their own choice (the paper's: best test Recall@1) unless given.",
+    )  # fmt: skip
+    selection: str = setting(
+        "val", choice("val", "test", "last"),
+        "Split whose Recall@1 chooses best.pt: val | test | last.", cli=False,
+    )  # fmt: skip
+    seed: int = setting(0, integer(0, MAX_SEED), "Seeds initialisation, sampling and augmentation.")
+    precision: float = setting(
+        0.99, number(0, 1, above=True),
+        "Same-item precision best.pt's calibrated cosine threshold reaches (0.99).",
+        resume=True,
+    )  # fmt: skip
+    workers: int = setting(4, integer(0, MAX_WORKERS), "DataLoader workers.", resume=True)
+    device: str = setting(
+        "auto", device(), "auto | cpu | cuda | cuda:N (default: auto).", resume=True
+    )
+    amp: str = setting(
+        "none", choice(*AMP_NAMES), "Mixed precision autocast."
+    )  # autocast; the loss always runs in float32
+    channels_last: bool = setting(
+        True, flag(), "NHWC memory layout for convolutions (default: on)."
+    )  # much faster on CPUs too
+    compile: bool = setting(False, flag(), "torch.compile the model (default: off).")
+    follow_links: bool = setting(
+        False, flag(),
+        "Follow links that lead out of the folder or the CSV's folder (default: skipped / "
+        "refused). Kept for --resume.",
+    )  # fmt: skip
+    tensorboard: bool = setting(
+        False, flag(),
+        "Log loss, lr and the metrics per epoch to runs/<run>/tensorboard (needs pip install "
+        "'pactl[tensorboard]').",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class IndexConfig:
-    factory: str | None = None  # a FAISS factory string; None chooses by collection size
-    target_recall: float = 0.95  # Recall@10 against exact search the tuned index must reach
-    memory_budget_gb: float = 8.0  # the default index must fit in this much memory
-    on_disk: str = "auto"  # auto | yes | no: shards' IVF lists merged on disk (auto: over budget)
-    faiss_device: str = "auto"  # auto | cpu | gpu: where FAISS trains, adds and searches exactly
+    factory: str | None = setting(
+        None, optional(text()), "A FAISS factory string; None chooses by collection size."
+    )
+    target_recall: float = setting(
+        0.95, number(0, 1), "Recall@10 against exact search the tuned index must reach."
+    )
+    memory_budget_gb: float = setting(
+        8.0, number(0, 1e6, above=True), "The default index must fit in this much memory."
+    )
+    on_disk: str = setting(
+        "auto", choice("auto", "yes", "no"),
+        "Shards' IVF lists merged on disk (auto: over budget).",
+    )  # fmt: skip
+    faiss_device: str = setting(
+        "auto", choice("auto", "cpu", "gpu"),
+        "Where FAISS trains, adds and searches exactly.",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EmbedConfig:
+    """How images become vectors: the settings `pactl embed`, `pactl index IMAGES`, --add and
+    the Python API share, given once and handed down whole."""
+
+    device: str = "auto"  # auto | cpu | mps | cuda | cuda:N
+    batch_size: int = 128  # images per forward pass
+    workers: int = 0  # DataLoader worker processes
+    amp: str = "none"  # none | bf16 | fp16 autocast
+    commit_every: int = COMMIT_EVERY  # images between progress commits
+    gpu_decode: bool = False  # decode JPEGs on a CUDA device (nvJPEG)
+    follow_links: bool = False  # follow links that lead out of the source folder
 
 
 # ONNX export: torch's default opset for its exporters (torch.onnx's ONNX_DEFAULT_OPSET, 2.5 to
@@ -103,206 +273,73 @@ class QdrantConfig:
     batch_size: int = 256  # points per upsert (and per lookup of the ids already there)
 
 
-@dataclass(frozen=True)
-class Preset:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    source: str = ""  # where the settings come from
-
-
-_PAPER = "Kim et al., CVPR 2020 (arXiv 2003.13911), official code's README commands"
-# The paper's protocol: 60 epochs, the test classes evaluated every epoch and the best reported
-# (the official code keeps the best test Recall@1). Not for a user's own data: see USER_*.
-_PAPER_PROTOCOL: dict[str, Any] = {"epochs": 60, "val_classes": 0.0, "selection": "test"}
-
-PRESETS: dict[str, Preset] = {
-    "digits": Preset(
-        model=ModelConfig(
-            backbone="small",
-            weights="none",
-            embedding_dim=64,
-            image_size=24,
-            resize_size=24,
-        ),
-        train=TrainConfig(
-            epochs=5,
-            batch_size=64,
-            lr=2e-3,
-            weight_decay=1e-4,
-            warmup_epochs=0,
-            lr_decay_step=3,
-            lr_decay_gamma=0.5,
-            freeze_bn=False,
-            augment="light",
-            workers=0,
-            val_classes=0.0,  # 5 training digits: too few to hold any out
-            selection="last",
-        ),
-        source="pactl's CPU demo on scikit-learn's digits",
-    ),
-    "cub200": Preset(
-        train=TrainConfig(
-            lr=1e-4, lr_decay_step=10, lr_decay_gamma=0.5, freeze_bn=True, **_PAPER_PROTOCOL
-        ),
-        source=_PAPER,
-    ),
-    "cars196": Preset(
-        train=TrainConfig(
-            lr=1e-4, lr_decay_step=20, lr_decay_gamma=0.5, freeze_bn=True, **_PAPER_PROTOCOL
-        ),
-        source=_PAPER,
-    ),
-    "sop": Preset(
-        train=TrainConfig(
-            lr=6e-4,
-            lr_decay_step=20,
-            lr_decay_gamma=0.25,
-            freeze_bn=False,
-            eval_ks=(1, 10, 100, 1000),
-            **_PAPER_PROTOCOL,
-        ),
-        source=_PAPER,
-    ),
-    "inshop": Preset(
-        train=TrainConfig(
-            lr=6e-4,
-            lr_decay_step=20,
-            lr_decay_gamma=0.25,
-            freeze_bn=False,
-            eval_ks=(1, 10, 20, 30, 40, 50),
-            **_PAPER_PROTOCOL,
-        ),
-        source=_PAPER,
-    ),
-}
-
-# A user's own folder or CSV on a GPU: the paper's recipe (Cars-196 settings) on a torchvision
-# ResNet-50, best.pt chosen on held-out validation classes.
-USER_GPU = Preset(
-    model=ModelConfig(backbone="resnet50"),
-    train=TrainConfig(lr_decay_step=20),
-    source="pactl default for your own data on a GPU: the paper's recipe on ResNet-50",
-)
-
-# ... and on a CPU: EfficientNet-Lite0 at 128 px, minutes rather than hours on a few thousand
-# images, on whole images mirrored at random, which beat the paper's 8% crops in mean validation
-# Recall@1 over both real sets of bench/, in batches of 32, which the validation classes preferred
-# to 64 in 8 of 11 paired runs, by a few images (docs/training.md; docs/benchmarks.md, "The CPU
-# recipe re-chosen on validation classes").
-USER_CPU = Preset(
-    model=ModelConfig(backbone="timm:efficientnet_lite0", image_size=128),
-    train=TrainConfig(
-        epochs=8,
-        batch_size=32,
-        lr=3e-4,
-        lr_decay_step=4,
-        crop_scale=1.0,
-        workers=2,
-    ),
-    source="pactl default for your own data on a CPU: EfficientNet-Lite0 at 128 px, whole "
-    "images, batch 32, 8 epochs",
-)
-
-
-# ... and on a CPU from random weights (--weights none): ResNet-18 at 64 px on whole images,
-# mirrored at random, at a constant learning rate. The pretrained recipe's network and crops are
-# for ImageNet features: from random weights EfficientNet-Lite0 learns little in minutes, and
-# crops of 8% of a small image leave too little of it; of whole images as they are, mirrored,
-# or lightly cropped, mirrored ones scored best on both real sets' validation classes
-# (docs/benchmarks.md, "From random weights").
-USER_CPU_SCRATCH = Preset(
-    model=ModelConfig(backbone="resnet18", weights="none", image_size=64, resize_size=64),
-    train=TrainConfig(
-        epochs=12,
-        batch_size=128,
-        lr=1e-3,
-        lr_decay_step=1000,  # constant: no step falls within a run (a time budget keeps it so)
-        warmup_epochs=0,
-        freeze_bn=False,
-        augment="flip",
-        workers=2,
-    ),
-    source="pactl default for your own data on a CPU from random weights: ResNet-18 at 64 px, "
-    "whole images mirrored, constant lr 1e-3, 12 epochs",
-)
-
-
-# ... and from random weights on images this small (Fashion-MNIST's 28 px, CIFAR's 32): the
-# four-block `small` CNN at the images' own side, for 36 epochs. ResNet-18's stem quarters its
-# input before its first block, so a 28 px image upsampled to 64 px reaches it at 16 px and
-# costs 5x the pixels; the small CNN keeps full resolution for two blocks and trains 36 epochs
-# in less time than ResNet-18 at 64 px trains 12. On both 28 px sets of bench/ (Fashion-MNIST,
-# glyphs drawn at 28 px) the validation classes chose it with every seed (one a tie in Recall@1
-# that MAP@R broke); on 64 px glyphs they chose ResNet-18 (docs/benchmarks.md, "Small images").
-SMALL_IMAGES = 32  # the largest typical side (px) that gets the small CNN from random weights
-SMALL_IMAGES_EPOCHS = 36
-
-
-def scratch_preset(side: int | None) -> Preset:
-    """USER_CPU_SCRATCH, or for images of at most SMALL_IMAGES px (`side`: their typical short
-    side; None when unknown) the small CNN at that side for SMALL_IMAGES_EPOCHS, the rest of the
-    recipe the same."""
-    if side is None or side > SMALL_IMAGES:
-        return USER_CPU_SCRATCH
-    size = max(side, MIN_IMAGE_SIZE)
-    return Preset(
-        model=dataclasses.replace(
-            USER_CPU_SCRATCH.model, backbone="small", image_size=size, resize_size=size
-        ),
-        train=dataclasses.replace(USER_CPU_SCRATCH.train, epochs=SMALL_IMAGES_EPOCHS),
-        source=f"pactl default for your own data on a CPU from random weights, for images of "
-        f"{side} px: the small CNN at {size} px, whole images mirrored, constant lr 1e-3, "
-        f"{SMALL_IMAGES_EPOCHS} epochs",
-    )
-
-
-def preset_for(
-    source: str,
-    preset: str | None,
-    device_type: str,
-    weights: str | None = None,
-    side: Callable[[], int | None] = lambda: None,
-) -> Preset:
-    """The named preset, the dataset's own, or the user-data default for this kind of device
-    (on a CPU, the from-scratch one for `weights` none, chosen by the images' typical short
-    side, which `side` reads only then)."""
-    if preset is not None:
-        return PRESETS[preset]
-    if source in PRESETS:
-        return PRESETS[source]
-    if device_type != "cpu":
-        return USER_GPU
-    return scratch_preset(side()) if weights == "none" else USER_CPU
-
-
 C = TypeVar("C", ModelConfig, TrainConfig, IndexConfig)
+SETTINGS = (ModelConfig, TrainConfig)  # what `pactl train` and a sweep point set
+
+
+def rules(cls: type) -> dict[str, Rule]:
+    """Each field's rule, by name."""
+    return {f.name: f.metadata["rule"] for f in dataclasses.fields(cls)}
+
+
+MODEL_RULES = rules(ModelConfig)
+TRAIN_RULES = rules(TrainConfig)
+INDEX_RULES = rules(IndexConfig)
+
+
+def declared(name: str) -> dict[str, Any]:
+    """The declaration (setting's metadata) of a ModelConfig or TrainConfig field."""
+    for cls in SETTINGS:
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return dict(f.metadata)
+    raise KeyError(name)
+
+
+def option_name(name: str) -> str:
+    """The `pactl train` option that sets the field `name` (--dim for embedding_dim)."""
+    try:
+        option = declared(name)["option"]
+    except KeyError:
+        option = None
+    return option or "--" + name.replace("_", "-")
+
+
+def help_of(name: str) -> str:
+    """A setting's help, as its option shows it."""
+    return str(declared(name)["help"])
+
+
+def option_fields() -> dict[str, str]:
+    """Parameter name of each `pactl train` option that sets a field -> the field's name
+    (`dim` -> embedding_dim, `m` -> m_per_class)."""
+    return {
+        option_name(f.name).removeprefix("--").replace("-", "_"): f.name
+        for cls in SETTINGS
+        for f in dataclasses.fields(cls)
+        if f.metadata["cli"]
+    }
+
+
+def resume_keeps() -> set[str]:
+    """The fields a resumed run keeps from its config.json (every setting but those declared
+    `resume=True`)."""
+    return {f.name for cls in SETTINGS for f in dataclasses.fields(cls) if not f.metadata["resume"]}
+
+
+def split_settings(given: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Settings by field name -> (ModelConfig's, TrainConfig's)."""
+    model = {f.name for f in dataclasses.fields(ModelConfig)}
+    return (
+        {k: v for k, v in given.items() if k in model},
+        {k: v for k, v in given.items() if k not in model},
+    )
 
 
 def override(config: C, **changes: Any) -> C:
     """A copy of `config` with the given fields changed; `None` values are ignored."""
     given = {k: v for k, v in changes.items() if v is not None}
     return dataclasses.replace(config, **given)
-
-
-def implied(
-    model: ModelConfig, train: TrainConfig, given: Collection[str]
-) -> tuple[TrainConfig, list[str]]:
-    """The train settings that others imply, where not `given` (field names set explicitly), with
-    the reasons: held-out validation classes are there to choose best.pt; random weights train
-    their BatchNorm statistics and skip the warm-up, since a preset's freezing and warm-up are
-    for its weights. `pactl train` and each `pactl sweep` point settle their settings here."""
-    why = []
-    held_out = "val_classes" in given and train.val_classes
-    if held_out and "selection" not in given and train.selection != "val":
-        train = override(train, selection="val")
-        why.append("best.pt chosen by the validation classes --val-classes holds out")
-    if model.weights == "none":
-        if "freeze_bn" not in given and train.freeze_bn:
-            train = override(train, freeze_bn=False)
-        if "warmup_epochs" not in given and train.warmup_epochs:
-            train = override(train, warmup_epochs=0)
-            why.append("no warm-up epochs: a random backbone has no features to protect")
-    return train, why
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -318,160 +355,14 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
     return cls(**values)
 
 
-# ---------------------------------------------------------------------------- checking values
-#
-# Every config is checked field by field before it is used, whether it comes from the command
-# line, a run's config.json or a checkpoint: a value out of range fails late (a seed of -1 in
-# the sampler, a NaN learning rate after an epoch) or costs a lot before it fails (an image side
-# of 20000 asks for gigabytes per batch).
-
-MIN_IMAGE_SIZE = 8  # the smallest crop side; a backbone may need more (pactl.model checks it)
-MAX_IMAGE_SIZE = 4096  # a batch of 4096 px crops already takes gigabytes
-MAX_RESIZE_SIZE = 2 * MAX_IMAGE_SIZE
-MAX_EMBEDDING_DIM = 8192
-MAX_DIMENSION = 65536  # pooled features of any backbone
-MAX_EPOCHS = 100_000
-MAX_BATCH_SIZE = 65_536
-COMMIT_EVERY = 4096  # images between progress commits of an embed (a kill loses at most these)
-MAX_COMMIT_EVERY = 10_000_000
-MAX_WORKERS = 256
-MAX_SEED = 2**32 - 1  # seeds are mixed with epochs and ranks and must stay within 64 bits
-MAX_K = 1_000_000  # Recall@K: K neighbours per query
-INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos")
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d{1,4})?")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What a field must hold, in words for the message, and the test."""
-
-    wants: str
-    ok: Callable[[Any], bool]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
-
-
-def integer(low: int, high: int) -> Rule:
-    return Rule(f"an integer from {low:,} to {high:,}", lambda v: _is_int(v) and low <= v <= high)
-
-
-def number(low: float, high: float, above: bool = False) -> Rule:
-    """A finite number in [low, high], or in (low, high] when `above`."""
-    wants = f"a number {'above' if above else 'from'} {low:g} {'and at most' if above else 'to'}"
-    return Rule(
-        f"{wants} {high:g}",
-        lambda v: _is_number(v) and (low < v if above else low <= v) and v <= high,
-    )
-
-
-def choice(*names: str) -> Rule:
-    return Rule(f"one of {', '.join(names)}", lambda v: isinstance(v, str) and v in names)
-
-
-def text() -> Rule:
-    return Rule("a non-empty string", lambda v: isinstance(v, str) and v != "" and "\0" not in v)
-
-
-def flag() -> Rule:
-    return Rule("true or false", lambda v: isinstance(v, bool))
-
-
-def optional(rule: Rule) -> Rule:
-    return Rule(f"{rule.wants}, or null", lambda v: v is None or rule.ok(v))
-
-
-def numbers(count: int, item: Rule) -> Rule:
-    return Rule(
-        f"{count} numbers, each {item.wants}",
-        lambda v: isinstance(v, tuple) and len(v) == count and all(item.ok(x) for x in v),
-    )
-
-
-def device() -> Rule:
-    return Rule(
-        "auto, cpu, mps, cuda or cuda:N",
-        lambda v: isinstance(v, str) and DEVICE_PATTERN.fullmatch(v) is not None,
-    )
-
-
-MODEL_RULES: dict[str, Rule] = {
-    "backbone": text(),
-    "weights": text(),
-    "embedding_dim": integer(0, MAX_EMBEDDING_DIM),
-    "image_size": integer(MIN_IMAGE_SIZE, MAX_IMAGE_SIZE),
-    "resize_size": optional(integer(MIN_IMAGE_SIZE, MAX_RESIZE_SIZE)),
-    "mean": optional(numbers(3, number(0, 1))),
-    "std": optional(numbers(3, number(0, 1, above=True))),
-    "interpolation": optional(choice(*INTERPOLATIONS)),
-    "pooling": choice("avg+max", "avg", "max", "token"),
-    "dimension": optional(integer(1, MAX_DIMENSION)),
-}
-
-TRAIN_RULES: dict[str, Rule] = {
-    "epochs": integer(1, MAX_EPOCHS),
-    "time_budget": number(0, 365 * 86400),
-    "batch_size": integer(2, MAX_BATCH_SIZE),  # a step needs two images to compare
-    "lr": number(0, 10, above=True),
-    "weight_decay": number(0, 10),
-    "proxy_lr_mult": number(0, 1e6, above=True),
-    "alpha": number(0, 1e4, above=True),
-    "delta": number(0, 1),
-    "loss": text(),  # a registry name: pactl.losses checks it
-    "warmup_epochs": integer(0, MAX_EPOCHS),
-    "lr_decay_step": integer(1, MAX_EPOCHS),
-    "lr_decay_gamma": number(0, 1, above=True),
-    "freeze_bn": optional(flag()),
-    "sync_bn": optional(flag()),
-    "grad_clip": number(0, 1e6),
-    "augment": choice("rrc_flip", "flip", "light", "none"),
-    "crop_scale": number(0, 1, above=True),
-    "sampler": choice("shuffle", "m_per_class"),
-    "m_per_class": integer(1, MAX_BATCH_SIZE),
-    "eval_ks": Rule(
-        f"1 to 32 integers from 1 to {MAX_K:,}",
-        lambda v: (
-            isinstance(v, tuple) and 0 < len(v) <= 32 and all(integer(1, MAX_K).ok(k) for k in v)
-        ),
-    ),
-    "eval_every": integer(1, MAX_EPOCHS),
-    "val_classes": number(0, 0.9),
-    "selection": choice("val", "test", "last"),
-    "seed": integer(0, MAX_SEED),
-    "precision": number(0, 1, above=True),
-    "workers": integer(0, MAX_WORKERS),
-    "device": device(),
-    "amp": choice("none", "bf16", "fp16"),
-    "channels_last": flag(),
-    "compile": flag(),
-    "follow_links": flag(),
-    "tensorboard": flag(),
-}
-
-
-INDEX_RULES: dict[str, Rule] = {
-    "factory": optional(text()),
-    "target_recall": number(0, 1),
-    "memory_budget_gb": number(0, 1e6, above=True),
-    "on_disk": choice("auto", "yes", "no"),
-    "faiss_device": choice("auto", "cpu", "gpu"),
-}
-
-
 def problems(config: ModelConfig | TrainConfig | IndexConfig) -> list[tuple[str, str]]:
     """(field, what is wrong) for each field of `config` that breaks its rule, then for settings
     that do not go together."""
-    rules = {ModelConfig: MODEL_RULES, TrainConfig: TRAIN_RULES, IndexConfig: INDEX_RULES}
     found = []
-    for name, rule in rules[type(config)].items():
+    for name, rule in rules(type(config)).items():
         value = getattr(config, name)
         if not rule.ok(value):
-            found.append((name, f"must be {rule.wants} (got {_shown(value)})"))
+            found.append((name, f"must be {rule.wants} (got {shown(value)})"))
     if found:
         return found
     if isinstance(config, ModelConfig):
@@ -488,11 +379,6 @@ def problems(config: ModelConfig | TrainConfig | IndexConfig) -> list[tuple[str,
             ("m_per_class", f"{config.m_per_class} must divide the batch size {config.batch_size}")
         )
     return found
-
-
-def _shown(value: Any) -> str:
-    shown = repr(value)
-    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def check(config: C, name: Callable[[str], str], error: type[PactlError] = PactlError) -> C:

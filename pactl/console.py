@@ -194,13 +194,13 @@ class _ProgressLines:
     def line(self, elapsed: float) -> str:
         done = self.amount(self.done)
         if not self.total:
-            return f"{self.description}: {done}, {_duration(elapsed)} elapsed"
+            return f"{self.description}: {done}, {duration_words(elapsed)} elapsed"
         share = min(100, 100 * self.done // self.total)
         text = f"{self.description}: {done}/{self.amount(self.total)} ({share}%), "
-        text += f"{_duration(elapsed)} elapsed"
+        text += f"{duration_words(elapsed)} elapsed"
         rate = (self.done - self.first) / elapsed if elapsed > 0 else 0.0
         if rate > 0 and self.done < self.total:
-            text += f", about {_duration((self.total - self.done) / rate)} left"
+            text += f", about {duration_words((self.total - self.done) / rate)} left"
         return text
 
 
@@ -221,7 +221,7 @@ def _bytes(n: int) -> str:
     return f"{n} bytes"
 
 
-def _duration(seconds: float) -> str:
+def duration_words(seconds: float) -> str:
     """`35 s`, `4 min`, `2 h 5 min`: as precise as a glance at a log needs."""
     if seconds < 59.5:
         return f"{round(seconds)} s"

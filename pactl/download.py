@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from pactl import __version__
 from pactl.console import Advance, Reporter, visible
 from pactl.errors import PactlError
 from pactl.fsutil import FULL_DISK, atomic_path, atomic_write_text
+from pactl.version import __version__
 
 CHUNK = 1 << 20
 # Base URLs (space or comma separated) tried before the catalog's own addresses, for a local

@@ -1,4 +1,4 @@
-"""Image decoding, transforms, the Dataset and the class-balanced sampler.
+"""Image decoding: one file to one RGB image, or one clear reason why not.
 
 Decoding is strict and explicit: every way a file can fail (missing, unreadable, empty, not a
 regular file, truncated, not an image, too many pixels) becomes one `ImageError` with a short
@@ -24,31 +24,22 @@ import os
 import struct
 import warnings
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps, UnidentifiedImageError, features
-from torchvision import transforms as T
 
 from pactl.console import Reporter
 from pactl.errors import PactlError
 from pactl.files import NotRegular, one_line, open_regular, os_reason
 
 __all__ = [
-    "AUGMENTS",
     "DEFAULT_MAX_PIXELS",
-    "Batch",
-    "ImageDataset",
     "ImageError",
-    "MPerClassSampler",
-    "build_transform",
     "check_header",
-    "collate",
     "load_image",
     "to_rgb",
     "unreadable_images",
@@ -77,8 +68,6 @@ _DECODE_ERRORS = (
     zlib.error,
     Image.DecompressionBombError,
 )
-
-Transform = Callable[[Image.Image], torch.Tensor]
 
 
 class ImageError(PactlError):
@@ -315,255 +304,7 @@ def _decode_reason(e: BaseException) -> str:
 # --------------------------------------------------------------------------- transforms
 
 
-def _tensor_tail(mean: Sequence[float], std: Sequence[float]) -> list[Callable]:
-    return [T.ToTensor(), T.Normalize(mean=list(mean), std=list(std))]
-
-
-def _test_steps(
-    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 1.0
-) -> list[Callable]:
-    if resize_size == image_size:
-        return [T.Resize((image_size, image_size), mode, antialias=True)]
-    return [T.Resize(resize_size, mode, antialias=True), T.CenterCrop(image_size)]
-
-
-def _rrc_flip_steps(
-    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 0.08
-) -> list[Callable]:
-    # The official Proxy-Anchor train transform at crop_scale 0.08 (torchvision's default scale
-    # and ratio ranges); a larger crop_scale keeps more of each image.
-    return [
-        T.RandomResizedCrop(
-            image_size, scale=(crop_scale, 1.0), interpolation=mode, antialias=True
-        ),
-        T.RandomHorizontalFlip(),
-    ]
-
-
-def _flip_steps(
-    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 1.0
-) -> list[Callable]:
-    # What the test transform shows, mirrored half the time: all a small image has, where a
-    # crop of 8% of it would leave a few pixels.
-    return [*_test_steps(image_size, resize_size, mode), T.RandomHorizontalFlip()]
-
-
-def _light_steps(
-    image_size: int, resize_size: int, mode: T.InterpolationMode, crop_scale: float = 1.0
-) -> list[Callable]:
-    # Small jitter for digits and similar: no flip, since a mirrored 2 or 7 is not a 2 or 7.
-    return [
-        T.Resize((image_size, image_size), mode, antialias=True),
-        T.RandomAffine(degrees=10.0, translate=(0.1, 0.1), scale=(0.9, 1.1)),
-    ]
-
-
-AUGMENTS: dict[str, Callable[[int, int, T.InterpolationMode, float], list[Callable]]] = {
-    "rrc_flip": _rrc_flip_steps,
-    "flip": _flip_steps,
-    "light": _light_steps,
-    "none": _test_steps,
-}
-
-
-def build_transform(
-    image_size: int,
-    resize_size: int,
-    mean: Sequence[float],
-    std: Sequence[float],
-    train: bool,
-    augment: str = "rrc_flip",
-    interpolation: str = "bilinear",
-    crop_scale: float = 0.08,
-) -> Transform:
-    """PIL RGB image -> normalised (3, image_size, image_size) float tensor.
-
-    Test: Resize(resize_size) then CenterCrop(image_size), or a straight square resize when the
-    two sizes are equal. Train: the steps named by `augment` (a key of AUGMENTS); rrc_flip's
-    crops keep from `crop_scale` of the image's area to all of it. Resizes use
-    `interpolation` (bilinear | bicubic | nearest | ...), the filter the weights were tuned with.
-    """
-    if augment not in AUGMENTS:
-        raise KeyError(f"unknown augment {augment!r}; choices: {', '.join(AUGMENTS)}")
-    try:
-        mode = T.InterpolationMode(interpolation)
-    except ValueError:
-        choices = ", ".join(m.value for m in T.InterpolationMode)
-        raise KeyError(f"unknown interpolation {interpolation!r}; choices: {choices}") from None
-    if train:
-        steps = AUGMENTS[augment](image_size, resize_size, mode, crop_scale)
-    else:
-        steps = _test_steps(image_size, resize_size, mode)
-    return T.Compose([*steps, *_tensor_tail(mean, std)])
-
-
 # --------------------------------------------------------------------------- dataset
 
 
-Sample = tuple[torch.Tensor | None, int, int, str]
-
-
-class ImageDataset(torch.utils.data.Dataset):
-    """Files (+ labels) -> (image or None, label or -1, index, failure reason or "")."""
-
-    def __init__(
-        self,
-        files: Sequence[Path | str],
-        labels: np.ndarray | None,
-        transform: Transform,
-        target_size: int | None,
-        max_pixels: int | None = DEFAULT_MAX_PIXELS,
-        raw_jpeg: bool = False,
-    ) -> None:
-        """`raw_jpeg`: a JPEG (within `max_pixels`) comes back as its bytes, a 1-D uint8
-        tensor, for a decoder on the GPU; other images are decoded here as usual."""
-        if labels is not None and len(labels) != len(files):
-            raise ValueError(f"{len(files)} files but {len(labels)} labels")
-        # Plain strings pickle small and fast when the dataset is sent to worker processes.
-        self.files = [str(f) for f in files]
-        self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
-        self.transform = transform
-        self.target_size = target_size
-        self.max_pixels = max_pixels
-        self.raw_jpeg = raw_jpeg
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> Sample:
-        if self.raw_jpeg:
-            label = -1 if self.labels is None else int(self.labels[i])
-            try:
-                data = jpeg_bytes(self.files[i], self.max_pixels)
-            except ImageError as e:
-                return None, label, i, str(e)
-            if data is not None:
-                return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, i, ""
-        return self.decoded(i)
-
-    def decoded(self, i: int) -> Sample:
-        """Sample i decoded by PIL and transformed (or the reason it failed)."""
-        label = -1 if self.labels is None else int(self.labels[i])
-        try:
-            img = load_image(Path(self.files[i]), self.target_size, self.max_pixels)
-        except ImageError as e:
-            return None, label, i, str(e)
-        return self.transform(img), label, i, ""
-
-
-@dataclass
-class Batch:
-    images: torch.Tensor  # (B, 3, H, W) float
-    labels: torch.Tensor  # (B,) int64, -1 where unlabelled
-    indices: torch.Tensor  # (B,) int64 positions in the dataset
-    failed: list[tuple[int, str]] = field(default_factory=list)  # (index, reason) dropped
-    raw: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (index, JPEG bytes)
-
-    def __len__(self) -> int:
-        return int(self.indices.numel())
-
-    def pin_memory(self) -> Batch:
-        # DataLoader(pin_memory=True) calls this on custom batch types.
-        return Batch(
-            self.images.pin_memory(),
-            self.labels.pin_memory(),
-            self.indices.pin_memory(),
-            self.failed,
-            self.raw,
-        )
-
-
-def _is_raw(sample: Sample) -> bool:
-    return sample[0] is not None and sample[0].dim() == 1  # JPEG bytes (raw_jpeg datasets)
-
-
-def collate(samples: list[Sample]) -> Batch:
-    """Stack the decoded samples; record the failed ones instead of raising. JPEG bytes from a
-    `raw_jpeg` dataset go to `raw`, in order, for the caller to decode."""
-    raw = [(s[2], s[0]) for s in samples if _is_raw(s) and s[0] is not None]
-    samples = [s for s in samples if not _is_raw(s)]
-    good = [s for s in samples if s[0] is not None]
-    failed = [(s[2], s[3]) for s in samples if s[0] is None]
-    if good:
-        images = torch.stack([s[0] for s in good if s[0] is not None])
-    else:
-        images = torch.empty((0, 3, 0, 0))
-    labels = torch.tensor([s[1] for s in good], dtype=torch.int64)
-    indices = torch.tensor([s[2] for s in good], dtype=torch.int64)
-    return Batch(images, labels, indices, failed, raw)
-
-
 # --------------------------------------------------------------------------- sampler
-
-
-class MPerClassSampler(torch.utils.data.Sampler[int]):
-    """Batches of `batch_size // m` distinct classes with `m` images each.
-
-    Use with `DataLoader(batch_size=batch_size, sampler=...)`: every consecutive chunk of
-    `batch_size` indices is one such batch. Classes are visited in a shuffled order, a fresh
-    shuffle once too few remain for a batch, so every class is seen about equally often; a
-    class with fewer than `m` images is sampled with replacement. The order depends only on
-    the generator's state at construction and the epoch: call `set_epoch(e)` before each epoch
-    to get the same order for epoch e on every run (and on resume). Without it, each new
-    iteration moves on to the next epoch's order.
-    """
-
-    def __init__(
-        self,
-        labels: np.ndarray,
-        m: int,
-        batch_size: int,
-        generator: torch.Generator | np.random.Generator,
-        length: int | None = None,
-    ) -> None:
-        if m < 1 or batch_size < m or batch_size % m:
-            raise ValueError(f"batch_size ({batch_size}) must be a positive multiple of m ({m})")
-        labels = np.asarray(labels)
-        classes, inverse = np.unique(labels, return_inverse=True)
-        self.classes_per_batch = batch_size // m
-        if len(classes) < self.classes_per_batch:
-            raise PactlError(
-                f"a batch of {batch_size} with {m} images per class needs "
-                f"{self.classes_per_batch} classes, but there are only {len(classes)}; "
-                "lower the batch size or raise m"
-            )
-        order = np.argsort(inverse, kind="stable")
-        bounds = np.cumsum(np.bincount(inverse))[:-1]
-        self.members = np.split(order, bounds)  # per class: its dataset indices
-        self.m = m
-        self.batch_size = batch_size
-        total = len(labels) if length is None else length
-        self.num_batches = max(1, total // batch_size)
-        self.seed = _draw_seed(generator)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.num_batches * self.batch_size
-
-    def __iter__(self) -> Iterator[int]:
-        rng = np.random.default_rng([self.seed, self.epoch])
-        self.epoch += 1
-        k, m = self.classes_per_batch, self.m
-        n_classes = len(self.members)
-        class_order = rng.permutation(n_classes)
-        pos = 0
-        out = np.empty(self.num_batches * self.batch_size, dtype=np.int64)
-        for b in range(self.num_batches):
-            if pos + k > n_classes:  # a batch never straddles two shuffles: no repeated class
-                class_order, pos = rng.permutation(n_classes), 0
-            for j, c in enumerate(class_order[pos : pos + k]):
-                members = self.members[c]
-                picked = rng.choice(members, size=m, replace=len(members) < m)
-                start = b * self.batch_size + j * m
-                out[start : start + m] = picked
-            pos += k
-        return iter(out.tolist())
-
-
-def _draw_seed(generator: torch.Generator | np.random.Generator) -> int:
-    if isinstance(generator, torch.Generator):
-        return int(torch.randint(0, 2**62, (1,), generator=generator).item())
-    return int(generator.integers(0, 2**62))

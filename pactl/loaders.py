@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import numpy as np
 import torch
 
 from pactl.config import ModelConfig
+from pactl.images import DEFAULT_MAX_PIXELS, ImageError, jpeg_bytes, load_image
+from pactl.transforms import Transform
 
 
 def loader_for(
@@ -30,7 +33,8 @@ def loader_for(
     raw_jpeg: bool = False,
 ) -> torch.utils.data.DataLoader:
     """`raw_jpeg`: JPEGs come as their bytes in each Batch's `raw`, for a GpuJpegDecoder."""
-    from pactl.images import ImageDataset, build_transform, collate
+    pass
+    from pactl.transforms import build_transform
 
     assert model_config.mean is not None and model_config.std is not None
     resize = model_config.resize_size or model_config.image_size
@@ -132,3 +136,96 @@ class GpuJpegDecoder:
             image = TF.resize(image, [self.resize], self.mode, antialias=True)
             image = TF.center_crop(image, [self.size, self.size])
         return (image.float() / 255.0 - self.mean) / self.std
+
+
+Sample = tuple[torch.Tensor | None, int, int, str]
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """Files (+ labels) -> (image or None, label or -1, index, failure reason or "")."""
+
+    def __init__(
+        self,
+        files: Sequence[Path | str],
+        labels: np.ndarray | None,
+        transform: Transform,
+        target_size: int | None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        raw_jpeg: bool = False,
+    ) -> None:
+        """`raw_jpeg`: a JPEG (within `max_pixels`) comes back as its bytes, a 1-D uint8
+        tensor, for a decoder on the GPU; other images are decoded here as usual."""
+        if labels is not None and len(labels) != len(files):
+            raise ValueError(f"{len(files)} files but {len(labels)} labels")
+        # Plain strings pickle small and fast when the dataset is sent to worker processes.
+        self.files = [str(f) for f in files]
+        self.labels = None if labels is None else np.asarray(labels, dtype=np.int64)
+        self.transform = transform
+        self.target_size = target_size
+        self.max_pixels = max_pixels
+        self.raw_jpeg = raw_jpeg
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> Sample:
+        if self.raw_jpeg:
+            label = -1 if self.labels is None else int(self.labels[i])
+            try:
+                data = jpeg_bytes(self.files[i], self.max_pixels)
+            except ImageError as e:
+                return None, label, i, str(e)
+            if data is not None:
+                return torch.frombuffer(bytearray(data), dtype=torch.uint8), label, i, ""
+        return self.decoded(i)
+
+    def decoded(self, i: int) -> Sample:
+        """Sample i decoded by PIL and transformed (or the reason it failed)."""
+        label = -1 if self.labels is None else int(self.labels[i])
+        try:
+            img = load_image(Path(self.files[i]), self.target_size, self.max_pixels)
+        except ImageError as e:
+            return None, label, i, str(e)
+        return self.transform(img), label, i, ""
+
+
+@dataclass
+class Batch:
+    images: torch.Tensor  # (B, 3, H, W) float
+    labels: torch.Tensor  # (B,) int64, -1 where unlabelled
+    indices: torch.Tensor  # (B,) int64 positions in the dataset
+    failed: list[tuple[int, str]] = field(default_factory=list)  # (index, reason) dropped
+    raw: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (index, JPEG bytes)
+
+    def __len__(self) -> int:
+        return int(self.indices.numel())
+
+    def pin_memory(self) -> Batch:
+        # DataLoader(pin_memory=True) calls this on custom batch types.
+        return Batch(
+            self.images.pin_memory(),
+            self.labels.pin_memory(),
+            self.indices.pin_memory(),
+            self.failed,
+            self.raw,
+        )
+
+
+def _is_raw(sample: Sample) -> bool:
+    return sample[0] is not None and sample[0].dim() == 1  # JPEG bytes (raw_jpeg datasets)
+
+
+def collate(samples: list[Sample]) -> Batch:
+    """Stack the decoded samples; record the failed ones instead of raising. JPEG bytes from a
+    `raw_jpeg` dataset go to `raw`, in order, for the caller to decode."""
+    raw = [(s[2], s[0]) for s in samples if _is_raw(s) and s[0] is not None]
+    samples = [s for s in samples if not _is_raw(s)]
+    good = [s for s in samples if s[0] is not None]
+    failed = [(s[2], s[3]) for s in samples if s[0] is None]
+    if good:
+        images = torch.stack([s[0] for s in good if s[0] is not None])
+    else:
+        images = torch.empty((0, 3, 0, 0))
+    labels = torch.tensor([s[1] for s in good], dtype=torch.int64)
+    indices = torch.tensor([s[2] for s in good], dtype=torch.int64)
+    return Batch(images, labels, indices, failed, raw)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pactl import __version__
+from pactl.version import __version__
 
 if TYPE_CHECKING:
     import numpy as np

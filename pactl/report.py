@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import json
-import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +15,8 @@ if TYPE_CHECKING:
     from PIL import Image, ImageDraw
 
     from pactl.calibrate import Calibration
+
+from pactl.runs import SELECTION_KEYS, SELECTION_NAMES, best_epoch, read_metrics, run_selection
 
 # The picture format is the one the file name says: a .jpg holding PNG bytes confuses viewers.
 IMAGE_FORMATS = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP"}
@@ -44,29 +43,6 @@ def check_image_path(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------- training curves
-
-SELECTION_KEYS = {"val": "val_recall@1", "test": "recall@1"}  # the metric that chooses best.pt
-TIE_KEYS = {"val": "val_map@r", "test": "map@r"}  # what decides between epochs it ties
-SELECTION_NAMES = {
-    "val": "by validation Recall@1, then MAP@R",
-    "test": "by test Recall@1, then MAP@R",
-    "last": "the last",
-}
-
-
-def selection_score(row: dict[str, Any], selection: str) -> tuple[float, float] | None:
-    """What best.pt is chosen by (train.record_epoch, and best_epoch reading metrics.csv): the
-    selection split's Recall@1, then its MAP@R, which tells apart epochs that tie on a Recall@1
-    a few validation classes saturate (all at 1.0, the untrained start among them); the epoch
-    itself for `last`. None when the row has no score."""
-    key = SELECTION_KEYS.get(selection)
-    if key is None:
-        return float(row["epoch"]), 0.0
-    first = row.get(key)
-    if first is None:
-        return None
-    then = row.get(TIE_KEYS[selection])
-    return float(first), float(then) if then is not None else -1.0
 
 
 def plot_curves(
@@ -121,51 +97,6 @@ def plot_calibration(calibration: Calibration, out: Path) -> None:
     ax.set_title(f"same-item threshold at precision {calibration.precision:g}")
     with atomic_path(out) as tmp:
         fig.savefig(tmp, format=fmt.lower(), dpi=100)
-
-
-def read_metrics(metrics_csv: Path) -> list[dict[str, float]]:
-    """metrics.csv as numbers, one dict per row. Empty cells (an epoch not evaluated, epoch 0's
-    loss) and cells that are not finite numbers are left out: one odd cell hides one point."""
-    with open(metrics_csv, newline="", encoding="utf-8", errors="replace") as f:
-        table = list(csv.DictReader(f))
-    rows = []
-    for row in table:
-        numbers = {k: _number(v) for k, v in row.items() if isinstance(k, str)}
-        kept = {k: v for k, v in numbers.items() if v is not None}
-        if "epoch" in kept:
-            rows.append(kept)
-    return rows
-
-
-def _number(cell: Any) -> float | None:
-    try:
-        value = float(cell)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def run_selection(run_dir: Path, columns: set[str]) -> str:
-    """How best.pt was chosen: as the run's config.json records it (train_config.selection);
-    without one, by validation Recall@1 when there are validation columns, else by test."""
-    try:
-        chosen = json.loads((run_dir / "config.json").read_bytes())["train_config"]["selection"]
-    except (OSError, ValueError, KeyError, TypeError):
-        chosen = None
-    if chosen in SELECTION_NAMES:
-        return str(chosen)
-    return "val" if SELECTION_KEYS["val"] in columns else "test"
-
-
-def best_epoch(rows: Sequence[dict[str, float]], selection: str) -> int | None:
-    """The epoch best.pt holds, chosen as training chose it: the last epoch with the highest
-    selection_score (the last epoch for `last`). None when nothing scored."""
-    if selection not in SELECTION_NAMES:
-        raise ValueError(f"selection must be one of {', '.join(SELECTION_NAMES)}: {selection!r}")
-    scored = [(score, r) for r in rows if (score := selection_score(r, selection)) is not None]
-    if not scored:
-        return None
-    return int(max(scored, key=lambda sr: (sr[0], sr[1]["epoch"]))[1]["epoch"])
 
 
 def zoom(values: Sequence[float]) -> tuple[float, float]:

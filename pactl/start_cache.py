@@ -47,11 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pactl import __version__
 from pactl.config import ModelConfig, TrainConfig, to_dict
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write, atomic_write_text
 from pactl.records import read_json_object
+from pactl.version import __version__
 
 if TYPE_CHECKING:
     import torch

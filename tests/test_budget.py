@@ -102,8 +102,9 @@ def budgeted_run(
     """runs/b under a 1,000,000 s budget (recipe decay 6 of 12), its step estimated at `estimate`
     seconds and its epochs measured as `measured`; returns stderr."""
     import pactl.training.loop
+    import pactl.training.start
 
-    monkeypatch.setattr(pactl.training.loop, "estimate_epoch", lambda *a: estimate)
+    monkeypatch.setattr(pactl.training.start, "estimate_epoch", lambda *a: estimate)
     epochs_measured_as(monkeypatch, measured)
     # 40 px images: the from-scratch recipe of 12 epochs (images of 32 px or less get 36)
     make_class_folder(tmp_path / "imgs", classes=6, per_class=6, size=40)
@@ -159,11 +160,12 @@ def test_the_budget_plans_again_after_the_first_full_epoch(
     """The run the second plan makes is the same as a plain run with its schedule: the epochs,
     the decay step and the learning rate of every epoch."""
     import pactl.training.loop
+    import pactl.training.start
 
     plans: list[tuple[int, int]] = []
     real_fit = pactl.training.loop.fit_to_budget
 
-    def fit_to_budget(t: pactl.training.loop.Trainer, *args: object) -> None:
+    def fit_to_budget(t: pactl.training.trainer.Trainer, *args: object) -> None:
         real_fit(t, *args)  # type: ignore[arg-type]
         plans.append((t.cfg.epochs, t.cfg.lr_decay_step))
 
@@ -202,9 +204,10 @@ def test_a_run_past_its_budget_stops_and_says_how_many_epochs_it_trained(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import pactl.training.loop
+    import pactl.training.start
     from pactl.research.sweep import finished
 
-    monkeypatch.setattr(pactl.training.loop, "estimate_epoch", lambda *a: 300_000.0)
+    monkeypatch.setattr(pactl.training.start, "estimate_epoch", lambda *a: 300_000.0)
     calls: list[float] = []
 
     def late(*args: float) -> bool:  # the first epoch's check: the machine got slower

@@ -15,7 +15,8 @@ import pytest
 
 from pactl.datasets.catalog import downloads_folder
 from pactl.paths import datasets_dir
-from pactl.verbs.index import default_bundle_dir, find_bundle
+from pactl.verbs.index import default_bundle_dir
+from pactl.verbs.query import find_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -89,7 +89,7 @@ def test_query_prepares_the_network_once_for_many_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import pactl.embed
-    from pactl.verbs import index as pipeline
+    from pactl.verbs.query import query_chunks
 
     checkpoint = train_tiny(tmp_path, monkeypatch, capsys, classes=4) / "best.pt"
     folder = tmp_path / "imgs"
@@ -110,7 +110,7 @@ def test_query_prepares_the_network_once_for_many_chunks(
     monkeypatch.setattr(pactl.embed.fastpath, "inference_model", counting)
     monkeypatch.setattr(pactl.embed.fastpath, "PREPARE_MIN_IMAGES", 4)
     images = sorted(folder.rglob("*.png"))
-    chunks = list(pipeline.query_chunks(Path("b"), images, 3, None, False, "cpu", QUIET, chunk=6))
+    chunks = list(query_chunks(Path("b"), images, 3, None, False, "cpu", QUIET, chunk=6))
     assert [len(c.names) for c in chunks] == [6, 6, 6, 2]
     assert traced == ["EmbeddingNet"]  # the first full chunk prepares it; the rest reuse it
     # And the answers are the eager network's: every image finds itself first.

@@ -17,7 +17,7 @@ import pytest
 from conftest import TINY, interrupted, make_class_folder, read_csv, run_cli
 
 from pactl import checkpoint as ckpt
-from pactl.config import MAX_EPOCHS
+from pactl.rules import MAX_EPOCHS
 
 
 def pactl(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -302,9 +302,9 @@ def test_eval_of_a_backbone_writes_into_the_current_folder(
 
 def registry_names(what: str) -> list[str]:
     from pactl.backbones import BACKBONES
-    from pactl.config import PRESETS
     from pactl.datasets import CATALOG
     from pactl.losses import LOSSES
+    from pactl.recipe import PRESETS
 
     names = {"backbones": [*BACKBONES, "timm:<model>"], "presets": list(PRESETS)}
     return {**names, "losses": list(LOSSES), "datasets": list(CATALOG)}[what]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import TINY, interrupted, make_class_folder, run_cli, train_tiny
 
-from pactl.training.loop import latest_run
+from pactl.runs import latest_run
 
 
 @pytest.mark.usefixtures("interruptible")

@@ -20,16 +20,10 @@ import torch
 from PIL import Image
 
 from pactl.errors import PactlError
-from pactl.images import (
-    DEFAULT_MAX_PIXELS,
-    Batch,
-    ImageDataset,
-    ImageError,
-    MPerClassSampler,
-    build_transform,
-    collate,
-    load_image,
-)
+from pactl.images import DEFAULT_MAX_PIXELS, ImageError, load_image
+from pactl.loaders import Batch, ImageDataset, collate
+from pactl.training.samplers import MPerClassSampler
+from pactl.transforms import build_transform
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

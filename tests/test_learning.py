@@ -16,12 +16,9 @@ from PIL import Image
 from pactl import checkpoint as ckpt
 from pactl.config import TrainConfig
 from pactl.datasets import manifest_from_folder
-from pactl.training.loop import (
-    check_splits,
-    health_warnings,
-    hold_out_classes,
-    mean_pairwise_cosine,
-)
+from pactl.evaluation import mean_pairwise_cosine
+from pactl.training.epoch_records import health_warnings
+from pactl.training.splits import check_splits, hold_out_classes
 
 
 def read_metrics(run: Path) -> list[dict[str, str]]:
@@ -100,33 +97,35 @@ def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
     from pactl.config import ModelConfig
     from pactl.console import QUIET
     from pactl.model import build_model
-    from pactl.report import best_epoch, read_metrics
-    from pactl.training import loop as train
+    from pactl.runs import best_epoch, metric_columns, read_metrics
+    from pactl.training import epoch_records as train
+    from pactl.training.trainer import RunFolder, RunState
 
     monkeypatch.setattr(train, "save_state", lambda *args: None)  # checkpoint.pt: not this test
     model_cfg = ModelConfig(backbone="small", weights="none", image_size=16, resize_size=16)
     net, model_cfg = build_model(model_cfg)
     t = SimpleNamespace(
         cfg=TrainConfig(epochs=4, selection="val"), model=net, model_cfg=model_cfg, writer=None,
-        evaluated=None, best_vectors=None,
+        evaluated=None, best_vectors=None, state=RunState(),
     )  # fmt: skip
-    columns = train.metric_columns(TrainConfig(eval_ks=(1,)), with_val=True)
+    columns = metric_columns(TrainConfig(eval_ks=(1,)), with_val=True)
 
     def run(folder: Path, val_map: list[float]) -> int:
         folder.mkdir()
-        state: dict = {"best": {"epoch": -1, "metrics": {}}, "start": {}, "last": {}}
+        t.state = state = RunState()
+        run = RunFolder(folder, "data", None, columns, ["a", "b"])  # type: ignore[arg-type]
         for epoch, m in enumerate(val_map):
             row = {"epoch": epoch, "recall@1": 0.8 + epoch / 100, "map@r": 0.3, "nmi": 0.5}
             row.update({"val_recall@1": 1.0, "val_map@r": m, "mean_cos": 0.5, "seconds": 1.0})
-            state["last"] = {k: v for k, v in row.items() if "@" in k}
-            state["start"] = state["start"] or row
+            state.last = {k: v for k, v in row.items() if "@" in k}
+            state.start = state.start or row
             t.evaluated = (np.full((2, 2), epoch), np.arange(2))  # this epoch's vectors
-            train.record_epoch(t, folder, row, columns, ["a", "b"], state, QUIET)
-        assert ckpt.load(folder / "best.pt")["epoch"] == state["best"]["epoch"]
+            train.record_epoch(t, run, row, QUIET)
+        assert ckpt.load(folder / "best.pt")["epoch"] == state.best.epoch
         # best.pt's calibration reads the vectors of the epoch best.pt holds
-        assert t.best_vectors[0][0, 0] == state["best"]["epoch"]
-        assert best_epoch(read_metrics(folder / "metrics.csv"), "val") == state["best"]["epoch"]
-        return int(state["best"]["epoch"])
+        assert t.best_vectors[0][0, 0] == state.best.epoch
+        assert best_epoch(read_metrics(folder / "metrics.csv"), "val") == state.best.epoch
+        return state.best.epoch
 
     assert run(tmp_path / "a", [0.55, 0.70, 0.87, 0.80, 0.86]) == 2
     # MAP@R saturated too: validation cannot choose, and the tie goes to the last epoch
@@ -313,7 +312,7 @@ def test_a_collapse_is_reported_on_the_epoch_line(
     """A collapsed embedding (mean pairwise cosine near 1) is named, even with --quiet."""
     make_class_folder(tmp_path / "imgs", classes=8, per_class=4)
     monkeypatch.setattr(
-        "pactl.training.loop.mean_pairwise_cosine", lambda v: 0.97 if len(v) else float("nan")
+        "pactl.evaluation.mean_pairwise_cosine", lambda v: 0.97 if len(v) else float("nan")
     )
     args = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "1", "--name", "c", "--quiet"]
     code, _, err = run_cli(args, monkeypatch, capsys)
@@ -465,7 +464,8 @@ def test_random_batchnorm_statistics_are_calibrated_before_epoch_0(tmp_path: Pat
     from pactl.config import ModelConfig
     from pactl.distributed import World
     from pactl.loaders import loader_for
-    from pactl.training.loop import build_trainer, calibrate_batchnorm
+    from pactl.training.start import calibrate_batchnorm
+    from pactl.training.trainer import build_trainer
 
     make_class_folder(tmp_path / "imgs", classes=6, per_class=4)
     train = manifest_from_folder(tmp_path / "imgs").select("train")

@@ -34,7 +34,8 @@ from pactl.index import (
     write_bundle,
 )
 from pactl.index.search import search
-from pactl.verbs.index import gather_vectors, index_vectors
+from pactl.verbs.index import index_vectors
+from pactl.verbs.vectors import gather_vectors
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 

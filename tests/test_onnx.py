@@ -29,9 +29,8 @@ def test_onnxruntime_embeds_image_files_as_torch_does(exported: tuple[Path, Path
     from pactl.checkpoint import load_model
     from pactl.console import QUIET
     from pactl.embed import embed_files
-    from pactl.images import collate
     from pactl.interop.onnx_model import open_onnx
-    from pactl.loaders import loader_for
+    from pactl.loaders import collate, loader_for
 
     best, onnx_file = exported
     files = sorted((best.parent / "photos").rglob("*.png"))

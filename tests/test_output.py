@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from pactl.console import Reporter, visible
-from pactl.index.search import Hit
 from pactl.output import HitWriter
+from pactl.results import Hit
 
 # Names a file system can hand over: markup, control characters, bidi overrides, line breaks,
 # CSV specials, non-ASCII, and bytes that are not UTF-8 (lone surrogates after surrogateescape).

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pactl.config import PRESETS, ModelConfig
+from pactl.config import ModelConfig
 from pactl.errors import PactlError
 from pactl.model import EmbeddingNet, build_model, check_model_config
+from pactl.recipe import PRESETS
 
 # Two channels of a 2 x 2 feature map.
 FEATURES = torch.tensor([[[[1.0, 2.0], [3.0, -4.0]], [[0.0, 5.0], [-1.0, 2.0]]]])

@@ -29,11 +29,13 @@ def test_published_figures_match_only_their_own_setting() -> None:
 def test_eval_prints_the_published_figures_beside_the_measured_ones(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import pactl.verbs.index
+    import pactl.verbs.evaluate
 
     measured = {"recall@1": 0.65, "recall@2": 0.75, "map@r": 0.25}
     network = ModelConfig(backbone="bn_inception", embedding_dim=512, image_size=224)
-    monkeypatch.setattr(pactl.verbs.index, "eval_checkpoint", lambda *a, **k: (measured, network))
+    monkeypatch.setattr(
+        pactl.verbs.evaluate, "eval_checkpoint", lambda *a, **k: (measured, network)
+    )
     code, out, err = run_cli(["eval", "cub200", "--backbone", "bn_inception"], monkeypatch, capsys)
     assert code == 0, err
     lines = [line.split() for line in out.splitlines()]

@@ -26,7 +26,7 @@ def test_exact_search_in_qdrant_gives_the_bundles_top_k(bundle: Path, tmp_path: 
     import pactl
     from pactl.config import QdrantConfig
     from pactl.interop.qdrant import QdrantSearch
-    from pactl.verbs.index import export_qdrant
+    from pactl.verbs.export import export_qdrant
 
     done = export_qdrant(bundle, str(tmp_path / "qd"), QdrantConfig(), QUIET)
     assert done == {"written": 16, "skipped": 0, "count": 16}

@@ -148,7 +148,7 @@ def write_metrics(path: Path, with_val: bool) -> None:
     """metrics.csv as training writes it: test Recall@1 peaks at epoch 5, validation Recall@1
     at epochs 3 and 6 (a tie: the later); epoch 4 was not evaluated (--eval-every)."""
     from pactl.config import TrainConfig
-    from pactl.training.loop import append_metrics, metric_columns
+    from pactl.runs import append_metrics, metric_columns
 
     columns = metric_columns(TrainConfig(eval_ks=(1, 2)), with_val=with_val)
     test_r1 = [0.90, 0.93, 0.95, 0.96, -1.0, 0.975, 0.97]

@@ -12,7 +12,7 @@ import torch
 from conftest import FORKING_PACTL, make_class_folder
 
 from pactl.checkpoint import open_network
-from pactl.config import ModelConfig
+from pactl.config import EmbedConfig, ModelConfig
 from pactl.console import QUIET
 from pactl.embed import PROGRESS_PREFIX, embed_to_folder, read_embedded
 from pactl.embed import vectors as embed_module
@@ -37,7 +37,7 @@ def job(tmp_path: Path) -> dict[str, Any]:
 def run(job: dict[str, Any], out: Path, commit_every: int = 6) -> dict[str, Any]:
     return embed_to_folder(
         job["model"], job["network"], job["files"], job["labels"], job["ids"], out,
-        torch.device("cpu"), QUIET, batch_size=4, commit_every=commit_every,
+        torch.device("cpu"), QUIET, EmbedConfig(batch_size=4, commit_every=commit_every),
     )  # fmt: skip
 
 

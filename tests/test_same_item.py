@@ -22,7 +22,7 @@ def test_training_stores_the_threshold_of_the_held_out_classes(
     from pactl.console import QUIET
     from pactl.datasets import load_source
     from pactl.embed import embed_files
-    from pactl.training.loop import check_splits
+    from pactl.training.splits import check_splits
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     payload = ckpt.load(run / "best.pt")
@@ -54,24 +54,26 @@ def test_bundles_carry_the_calibration_and_dedup_uses_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pactl.calibrate import same_item_threshold
-    from pactl.config import IndexConfig, ModelConfig
+    from pactl.config import EmbedConfig, IndexConfig, ModelConfig
     from pactl.console import QUIET
     from pactl.errors import UsageError
-    from pactl.verbs import index as pipeline
     from pactl.verbs.dedup import dedup
+    from pactl.verbs.index import index_images
+    from pactl.verbs.lineage import calibration_of
+    from pactl.verbs.vectors import gather_vectors
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     stored = ckpt.load(run / "best.pt")["calibration"]
     imgs = str(tmp_path / "imgs")
-    bundle, meta = pipeline.index_images(
-        imgs, run / "best.pt", tmp_path / "b", None, IndexConfig(), "cpu", QUIET
+    bundle, meta = index_images(
+        imgs, run / "best.pt", tmp_path / "b", None, IndexConfig(), EmbedConfig("cpu"), QUIET
     )
     assert meta["calibration"] == stored
-    threshold, how = same_item_threshold(pipeline.calibration_of(meta), "b")
+    threshold, how = same_item_threshold(calibration_of(meta), "b")
     assert threshold == stored["threshold"] and "calibrated on the val classes" in how
     # dedup at the calibrated threshold: the groups of all pairs at or above it, by brute force.
     found = dedup(bundle, None, None, strict=False, keep="first", reporter=QUIET)
-    vectors, items, _ = pipeline.gather_vectors(bundle / "vectors")
+    vectors, items, _ = gather_vectors(bundle / "vectors")
     assert found.threshold == threshold
     assert {frozenset(m.id for m in g) for g in found.members} == brute_groups(
         np.asarray(vectors), items.ids, threshold
@@ -81,12 +83,12 @@ def test_bundles_carry_the_calibration_and_dedup_uses_it(
     assert [[m.id for m in g] for g in same.members] == [[m.id for m in g] for g in found.members]
     # A backbone's bundle has none, and says what to give instead.
     backbone = ModelConfig(backbone="small", weights="none", embedding_dim=0, image_size=16)
-    _, plain = pipeline.index_images(
-        imgs, backbone, tmp_path / "p", None, IndexConfig(), "cpu", QUIET
+    _, plain = index_images(
+        imgs, backbone, tmp_path / "p", None, IndexConfig(), EmbedConfig("cpu"), QUIET
     )
     assert plain["calibration"] is None
     with pytest.raises(UsageError, match="no same-item calibration.*--threshold"):
-        same_item_threshold(pipeline.calibration_of(plain), "p")
+        same_item_threshold(calibration_of(plain), "p")
 
 
 def brute_groups(vectors: np.ndarray, ids: np.ndarray, t: float) -> set[frozenset[int]]:
@@ -113,18 +115,18 @@ def test_eval_calibrates_a_checkpoint_and_a_backbone(
 ) -> None:
     from pactl.config import ModelConfig
     from pactl.console import QUIET
-    from pactl.verbs import index as pipeline
+    from pactl.verbs.evaluate import calibrate_source
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     payload = ckpt.load(run / "best.pt")
     del payload["calibration"]
     ckpt.save(run / "best.pt", payload)  # as a checkpoint from before calibration
     imgs = str(tmp_path / "imgs")
-    cal = pipeline.calibrate_source(imgs, run / "best.pt", 0.9, "cpu", 0, QUIET)
+    cal = calibrate_source(imgs, run / "best.pt", 0.9, "cpu", 0, QUIET)
     assert cal.split == "test" and cal.precision == 0.9
     assert ckpt.load(run / "best.pt")["calibration"] == cal.to_dict()
     backbone = ModelConfig(backbone="small", weights="none", embedding_dim=0, image_size=16)
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    plain = pipeline.calibrate_source(imgs, backbone, 0.9, "cpu", 0, QUIET)
+    plain = calibrate_source(imgs, backbone, 0.9, "cpu", 0, QUIET)
     assert plain.images == cal.images
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing stored

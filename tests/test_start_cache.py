@@ -12,20 +12,32 @@ from typing import Any
 import pytest
 from conftest import make_class_folder
 
+import pactl.evaluation
 import pactl.images
+import pactl.runs
 import pactl.training.loop
+import pactl.training.splits
+import pactl.training.start
+import pactl.training.trainer
 from pactl import start_cache
 from pactl.checkpoint import clean_state_dict, fingerprint
 from pactl.config import ModelConfig, TrainConfig
 from pactl.console import QUIET
 from pactl.datasets import load_source
 from pactl.distributed import World
-from pactl.research.sweep import point_configs, run_point
+from pactl.research.sweep import run_point
 
 MODEL = ModelConfig(backbone="small", weights="none", embedding_dim=16, image_size=16)
 TRAIN = TrainConfig(
     epochs=1, batch_size=8, lr=1e-3, workers=0, val_classes=0, warmup_epochs=0, device="cpu"
 )
+
+
+def point_configs(params: dict[str, Any], seed: int) -> tuple[ModelConfig, TrainConfig]:
+    """MODEL and TRAIN with one point's settings."""
+    model = {k: v for k, v in params.items() if hasattr(MODEL, k)}
+    train = {k: v for k, v in params.items() if not hasattr(MODEL, k)}
+    return dataclasses.replace(MODEL, **model), dataclasses.replace(TRAIN, seed=seed, **train)
 
 
 def rows(run: Path) -> list[dict[str, str]]:
@@ -43,16 +55,17 @@ def test_points_differing_by_alpha_share_epoch_0_and_a_seed_or_image_size_does_n
     # curves.png and the calibration after the last epoch are not under test: a second a fit
     monkeypatch.setattr(pactl.training.loop, "finish_run", lambda *args: None)
     evaluated: list[int] = []
-    evaluate_epoch = pactl.training.loop.evaluate_epoch
+    evaluate_epoch = pactl.training.trainer.evaluate_epoch
 
     def counted(*args: Any, **kwargs: Any) -> dict[str, float]:
         evaluated.append(1)
         return evaluate_epoch(*args, **kwargs)
 
     monkeypatch.setattr(pactl.training.loop, "evaluate_epoch", counted)
+    monkeypatch.setattr(pactl.training.start, "evaluate_epoch", counted)
     work: dict[str, int] = {"batchnorm": 0, "headers": 0}
     calibration, check = (
-        pactl.training.loop.run_batchnorm_calibration,
+        pactl.training.start.run_batchnorm_calibration,
         pactl.images.unreadable_images,
     )
 
@@ -64,14 +77,14 @@ def test_points_differing_by_alpha_share_epoch_0_and_a_seed_or_image_size_does_n
         work["headers"] += 1
         return check(*args)
 
-    monkeypatch.setattr(pactl.training.loop, "run_batchnorm_calibration", calibrated)
+    monkeypatch.setattr(pactl.training.start, "run_batchnorm_calibration", calibrated)
     monkeypatch.setattr(pactl.images, "unreadable_images", checked)
     source = str(make_class_folder(tmp_path / "imgs", classes=4, per_class=4))
     manifest = load_source(source, QUIET)
     folder, cache = tmp_path / "sweep", tmp_path / "sweep" / "cache" / "epoch0"
 
     def point(name: str, seed: int = 0, **params: Any) -> Path:
-        configs = point_configs(MODEL, TRAIN, params, seed)
+        configs = point_configs(params, seed)
         run_point(folder, name, configs, source, manifest, QUIET)
         return folder / "points" / name
 
@@ -81,10 +94,8 @@ def test_points_differing_by_alpha_share_epoch_0_and_a_seed_or_image_size_does_n
     assert work == {"batchnorm": 1, "headers": 1}  # the second point loaded both
     assert rows(first)[0] == rows(second)[0]  # the seconds too: those of the run that measured
     fresh = tmp_path / "fresh"
-    pactl.training.loop.prepare_run_dir(fresh, resume=False, overwrite=False)
-    pactl.training.loop.fit(
-        source, manifest, *point_configs(MODEL, TRAIN, {"alpha": 32.0}, 0), fresh, QUIET
-    )
+    pactl.runs.prepare_run_dir(fresh, resume=False, overwrite=False)
+    pactl.training.loop.fit(source, manifest, *point_configs({"alpha": 32.0}, 0), fresh, QUIET)
     # The reference evaluated epoch 0 and calibrated BatchNorm itself; epoch 1 equal too:
     # training did not notice.
     assert without_seconds(fresh) == without_seconds(second)
@@ -107,7 +118,7 @@ def test_the_network_built_from_a_seed_is_the_same_whatever_the_loss() -> None:
         ("triplet", 32.0, 0), ("multi_similarity", 32.0, 0), ("proxy_anchor", 32.0, 1),
     ]:  # fmt: skip
         cfg = dataclasses.replace(TRAIN, loss=loss, alpha=alpha, seed=seed)
-        t = pactl.training.loop.build_trainer(MODEL, cfg, 4, world)
+        t = pactl.training.trainer.build_trainer(MODEL, cfg, 4, world)
         made[(loss, alpha, seed)] = fingerprint(clean_state_dict(t.net))
     assert len({v for (_, _, seed), v in made.items() if seed == 0}) == 1
     assert made[("proxy_anchor", 32.0, 1)] != made[("proxy_anchor", 32.0, 0)]
@@ -155,9 +166,9 @@ def test_a_header_check_is_reused_only_for_the_same_files_unchanged(tmp_path: Pa
         Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / f"{i}.png")
         files.append(tmp_path / f"{i}.png")
     cache = tmp_path / "cache"
-    assert pactl.training.loop.unreadable_files(files, QUIET, cache) == []
+    assert pactl.training.splits.unreadable_files(files, QUIET, cache) == []
     files[1].write_bytes(b"not an image")  # replaced since: another size and time
-    bad = pactl.training.loop.unreadable_files(files, QUIET, cache)
+    bad = pactl.training.splits.unreadable_files(files, QUIET, cache)
     assert [path for path, _ in bad] == [str(files[1])]
     assert len(list((cache / "headers").glob("*.json"))) == 2
     # the stored result is what is read back (the check itself would find nothing wrong here)

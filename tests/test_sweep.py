@@ -135,8 +135,8 @@ def test_a_point_settles_its_settings_as_train_does(
     import dataclasses
 
     from pactl.distributed import World
+    from pactl.recipe import resolve_train_config
     from pactl.research.sweep import sweep_point_configs
-    from pactl.training.loop import resolve_train_config
 
     make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
     config = SweepConfig(
@@ -169,7 +169,7 @@ def test_a_point_settles_its_settings_as_train_does(
 
 
 def test_an_explicit_selection_stays(tmp_path: Path) -> None:
-    from pactl.research.sweep import base_configs, point_configs
+    from pactl.research.sweep import sweep_point_configs
 
     make_class_folder(tmp_path / "imgs", classes=4, per_class=2)
     config = SweepConfig(
@@ -178,7 +178,7 @@ def test_an_explicit_selection_stays(tmp_path: Path) -> None:
         fixed=(("selection", "last"),),
         preset="cub200",
     )
-    _, train = point_configs(*base_configs(config, "cpu"), {"val_classes": 0.3}, 0, {"selection"})
+    _, train = sweep_point_configs(config, "cpu", {"val_classes": 0.3}, 0)
     assert train.selection == "last"
 
 

@@ -68,11 +68,11 @@ def after_beats(row: dict[str, str], start: dict[str, float]) -> bool:
 
 def untrained_digits_metrics() -> dict[str, float]:
     from pactl import metrics
-    from pactl.config import PRESETS
     from pactl.console import QUIET
     from pactl.datasets import load_source
     from pactl.embed import embed_files
     from pactl.model import build_model
+    from pactl.recipe import PRESETS
 
     test = load_source("digits", QUIET).select("test")
     net, config = build_model(PRESETS["digits"].model, seed=PRESETS["digits"].train.seed)
@@ -174,7 +174,7 @@ def test_bf16_autocast_step_matches_float32(tmp_path: Path) -> None:
     """Under bf16 autocast the network runs in bf16, the loss in float32, close to fp32."""
     from pactl.config import ModelConfig, TrainConfig
     from pactl.distributed import World
-    from pactl.training.loop import build_trainer, train_step
+    from pactl.training.trainer import build_trainer, train_step
 
     model_cfg = ModelConfig(
         backbone="small", weights="none", embedding_dim=16, image_size=16, resize_size=16

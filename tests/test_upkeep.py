@@ -520,7 +520,7 @@ def test_a_second_writer_is_refused_for_delete(
 def test_add_replaces_the_vector_of_a_changed_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pactl.verbs.index import query_chunks
+    from pactl.verbs.query import query_chunks
 
     imgs = make_class_folder(tmp_path / "imgs", classes=2, per_class=3, seed=1)
     b = tmp_path / "b"
@@ -568,7 +568,7 @@ def test_what_an_add_embeds(tmp_path: Path, data: Any) -> None:
     """New files, and changed ones (size or mtime differs from the recorded one); unknown
     size/mtime (-1, an older bundle) is taken as unchanged. A deleted file stays out while it
     is unchanged, and comes back as a new item once it changes."""
-    from pactl.verbs.index import _to_embed
+    from pactl.verbs.add import _to_embed
 
     base, _ = data
     files = [tmp_path / f"{i}.png" for i in range(5)]

@@ -15,7 +15,6 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from pactl import __version__
 from pactl.cli import (
     compare,
     dedup,
@@ -34,6 +33,7 @@ from pactl.cli import list as list_verb
 from pactl.cli.options import to_stdout
 from pactl.console import err, literal, out
 from pactl.errors import PactlError, UsageError
+from pactl.version import __version__
 
 
 class Commands(TyperGroup):

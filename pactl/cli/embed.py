@@ -1,4 +1,4 @@
-"""`pactl embed`: images -> a vectors folder (pactl.verbs.index.embed_source)."""
+"""`pactl embed`: images -> a vectors folder (pactl.verbs.embed.embed_source)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,9 @@ from pactl.cli.options import (
     reporter,
     to_stdout,
 )
-from pactl.config import (
-    COMMIT_EVERY,
-    MAX_BATCH_SIZE,
-    MAX_COMMIT_EVERY,
-    TRAIN_RULES,
-)
+from pactl.config import TRAIN_RULES, EmbedConfig
 from pactl.console import counted, literal, out
+from pactl.rules import COMMIT_EVERY, MAX_BATCH_SIZE, MAX_COMMIT_EVERY
 
 
 def embed(
@@ -51,7 +47,7 @@ def embed(
     ] = 128,
     workers: Workers = 0,
     device: Device = "auto",
-    amp: Annotated[Amp, typer.Option(help="Mixed precision autocast.")] = Amp.none,
+    amp: Annotated[Amp, typer.Option(help="Mixed precision autocast.")] = Amp("none"),
     shard: Annotated[
         str | None, typer.Option(help="Embed slice i of n ('i/n', 0-based; 'auto' under torchrun).")
     ] = None,
@@ -99,29 +95,19 @@ def embed(
       torchrun --nproc-per-node 8 -m pactl embed photos/ \\
           --checkpoint best.pt --shard auto
     """
-    from pactl.verbs.index import embed_source
+    from pactl.verbs.embed import embed_source
 
     check_source(source)
     check_option("--device", device, TRAIN_RULES["device"])
     check_output(out_dir, "--out", folder=True)
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
+    config = EmbedConfig(
+        device, batch_size, workers, amp.value, commit_every, gpu_decode, follow_links
+    )
     log = reporter(quiet)
     with on_interrupt(lambda: "run the same command again to go on from the last commit"):
         meta = embed_source(
-            source,
-            model_from,
-            out_dir,
-            split,
-            device,
-            log,
-            batch_size,
-            workers,
-            amp.value,
-            shard,
-            follow_links=follow_links,
-            commit_every=commit_every,
-            gpu_decode=gpu_decode,
-            overwrite=overwrite,
+            source, model_from, out_dir, split, config, log, shard, overwrite=overwrite
         )
     fresh = f", {meta['embedded']:,} embedded now" if "embedded" in meta else ""
     with to_stdout():

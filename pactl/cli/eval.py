@@ -27,14 +27,11 @@ from pactl.cli.options import (
     to_stdout,
     writing,
 )
-from pactl.config import (
-    PRESETS,
-    TRAIN_RULES,
-    ModelConfig,
-)
+from pactl.config import TRAIN_RULES, ModelConfig
 from pactl.console import out
 from pactl.errors import UsageError
 from pactl.paths import runs_dir
+from pactl.recipe import PRESETS
 
 
 def eval_(
@@ -89,8 +86,8 @@ def eval_(
       pactl eval my_photos/ --backbone resnet50   # the ImageNet start
       pactl eval --calibrate --precision 0.995   # same-item threshold
     """
-    from pactl.training.loop import latest_run, resumed_configs
-    from pactl.verbs.index import eval_checkpoint
+    from pactl.runs import latest_run, resumed_configs
+    from pactl.verbs.evaluate import eval_checkpoint
 
     if source is not None:
         check_source(source)
@@ -144,7 +141,7 @@ def calibrate_to_stdout(
     follow_links: bool,
 ) -> None:
     """`--calibrate`: the threshold, the precision it reaches and the recall kept, on stdout."""
-    from pactl.verbs.index import calibrate_source
+    from pactl.verbs.evaluate import calibrate_source
 
     log = reporter(quiet)
     cal = calibrate_source(source, model_from, precision, device, workers, log, follow_links)

@@ -101,7 +101,7 @@ def export(
       pactl export my_index/ --to qdrant qdrant-local/            # the same
       pactl query img.png --index my_index/ --qdrant qdrant-local/
     """
-    from pactl.verbs import index as pipeline
+    from pactl.verbs.export import export_onnx, export_parquet, export_qdrant
 
     out_to = destination(target, out_to)
     given = {"--opset": opset is not None, "--overwrite": overwrite}
@@ -116,7 +116,7 @@ def export(
         onnx_file = Path(out_to)
         check_output(onnx_file, "--out", folder=False)
         check_new_file(onnx_file, overwrite, "--out")
-        done: Any = pipeline.export_onnx(source, onnx_file, OnnxConfig(opset or ONNX_OPSET), log)
+        done: Any = export_onnx(source, onnx_file, OnnxConfig(opset or ONNX_OPSET), log)
         line = (
             f"exported {source} to {onnx_file} (opset {done['opset']}, {done['image_size']} px "
             f"-> {done['dimension']}-d; onnxruntime within {1 - done['worst_cosine']:.1e} "
@@ -126,7 +126,7 @@ def export(
         folder = _folder_source(source, to)
         check_output(Path(out_to), "--out", folder=True)
         config = ParquetConfig(rows_per_shard or ParquetConfig.rows_per_shard)
-        done = pipeline.export_parquet(folder, Path(out_to), config, log)
+        done = export_parquet(folder, Path(out_to), config, log)
         line = (
             f"wrote {counted(done['count'], 'vector')} ({done['dimension']}-d) to {out_to} in "
             f"{counted(done['shards'], 'shard')}"
@@ -134,7 +134,7 @@ def export(
     else:
         folder = _folder_source(source, to)
         config_q = QdrantConfig(collection or "pactl", batch_size or QdrantConfig.batch_size)
-        done = pipeline.export_qdrant(folder, out_to, config_q, log)
+        done = export_qdrant(folder, out_to, config_q, log)
         line = (
             f"exported {counted(done['written'], 'item')} to Qdrant collection "
             f"{quoted(config_q.collection)} at {out_to} ({done['skipped']:,} there already; "

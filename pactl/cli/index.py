@@ -23,16 +23,11 @@ from pactl.cli.options import (
     check_output,
     check_source,
     model_source,
-    option_name,
     reporter,
     stdin_names,
     to_stdout,
 )
-from pactl.config import (
-    TRAIN_RULES,
-    IndexConfig,
-    check,
-)
+from pactl.config import TRAIN_RULES, EmbedConfig, IndexConfig, check, option_name
 from pactl.console import Reporter, counted, literal, out
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
@@ -157,10 +152,11 @@ def index(
       pactl index my_index/ --compact      # drop deleted items from the index
       pactl index --verify my_index/       # check every file's checksum
     """
-    from pactl.verbs import index as pipeline
+    from pactl.verbs.index import index_images, index_latest_run, index_vectors
 
     log = reporter(quiet)
     config = index_config(factory, target_recall, on_disk, faiss_device)
+    embedding = EmbedConfig(device=device, follow_links=follow_links)
     check_option("--device", device, TRAIN_RULES["device"])
     if out_dir is not None:
         check_output(out_dir, "--out", folder=True)
@@ -173,20 +169,16 @@ def index(
     if add is not None:
         if backbone is not None:
             raise UsageError("--add embeds with the bundle's own network: drop --backbone")
-        return add_to(source, add, split, device, log, follow_links, checkpoint)
+        return add_to(source, add, split, embedding, log, checkpoint)
     if source is None:
-        bundle, meta = pipeline.index_latest_run(
-            runs_dir(), config, device, log, follow_links, overwrite=overwrite
-        )
+        bundle, meta = index_latest_run(runs_dir(), config, embedding, log, overwrite=overwrite)
     elif is_vectors_folder(Path(source)):
         images_only = {"--follow-links": follow_links, "--checkpoint": checkpoint is not None}
         images_only |= {"--backbone": backbone is not None, "--split": split is not None}
         refuse_image_options(source, images_only)
         if out_dir is not None:
             check_apart(Path(source), out_dir)
-        bundle, meta = pipeline.index_vectors(
-            Path(source), out_dir, config, log, overwrite=overwrite
-        )
+        bundle, meta = index_vectors(Path(source), out_dir, config, log, overwrite=overwrite)
     elif checkpoint is None and backbone is None:
         raise UsageError(
             f"{source} is not an embed output folder; to index images pass --checkpoint "
@@ -194,16 +186,8 @@ def index(
         )
     else:
         model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
-        bundle, meta = pipeline.index_images(
-            source,
-            model_from,
-            out_dir,
-            split,
-            config,
-            device,
-            log,
-            follow_links=follow_links,
-            overwrite=overwrite,
+        bundle, meta = index_images(
+            source, model_from, out_dir, split, config, embedding, log, overwrite=overwrite
         )
     with to_stdout():
         factory = meta.get("factory", "?")
@@ -247,20 +231,17 @@ def add_to(
     source: str | None,
     add: Path,
     split: str | None,
-    device: str,
+    embedding: EmbedConfig,
     log: Reporter,
-    follow_links: bool,
     checkpoint: Path | None = None,
 ) -> None:
     """--add: embed `source` with the bundle's own network and add it, without a rebuild
     (`checkpoint`: that network's file, where the recorded one moved; another is refused)."""
-    from pactl.verbs import index as pipeline
+    from pactl.verbs.add import add_to_index
 
     if source is None:
         raise UsageError("--add needs the images to add: pactl index IMAGES --add BUNDLE")
-    done = pipeline.add_to_index(
-        source, add, split, device, log, follow_links=follow_links, checkpoint=checkpoint
-    )
+    done = add_to_index(source, add, split, embedding, log, checkpoint=checkpoint)
     replaced = done["replaced"]
     also = f" and replaced {counted(replaced, 'changed one')}" if replaced else ""
     added = counted(done["added"], "item")

@@ -54,7 +54,7 @@ def list_(
 
 def show_list(what: What, fmt: ListFormat | None) -> None:
     from pactl.output import format_rows
-    from pactl.verbs.index import registry_rows
+    from pactl.verbs.listing import registry_rows
 
     chosen = fmt or (ListFormat.text if out.is_terminal else ListFormat.tsv)
     text = format_rows(*registry_rows(what.value), chosen.value)

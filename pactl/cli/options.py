@@ -9,18 +9,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from pactl.config import (
-    MAX_K,
-    MAX_WORKERS,
-    ModelConfig,
-    Rule,
-)
+from pactl.config import MODEL_RULES, TRAIN_RULES, ModelConfig, option_name
 from pactl.console import Reporter, err, literal, quoted
 from pactl.errors import PactlError, UsageError
+from pactl.rules import MAX_K, MAX_WORKERS, Rule
 
 Quiet = Annotated[
     bool,
@@ -72,51 +68,29 @@ BackboneResize = Annotated[
 ]
 
 
-# Option names of config fields, where they differ from the field's name.
-OPTIONS = {"embedding_dim": "--dim", "m_per_class": "--m", "compile": "--compile"}
-
-
-def option_name(field: str) -> str:
-    return OPTIONS.get(field, "--" + field.replace("_", "-"))
-
-
 def check_option(option: str, value: Any, rule: Rule) -> None:
     """A plain option value (not part of a config) in its range: a usage error naming it."""
     if value is not None and not rule.ok(value):
         raise UsageError(f"{option} must be {rule.wants} (got {quoted(value, 40)})")
 
 
-class Amp(str, Enum):
-    none = "none"
-    bf16 = "bf16"
-    fp16 = "fp16"
+def choices(name: str, names: tuple[str, ...]) -> Any:
+    """A str Enum of a setting's declared choices (pactl.config), for its Typer option."""
+    return Enum(name, [(n.replace("+", "_"), n) for n in names], type=str)
 
 
-class Loss(str, Enum):
-    proxy_anchor = "proxy_anchor"
-    proxy_nca = "proxy_nca"
-    multi_similarity = "multi_similarity"
-    triplet = "triplet"
-    contrastive = "contrastive"
-
-
-class Augment(str, Enum):
-    rrc_flip = "rrc_flip"
-    flip = "flip"
-    light = "light"
-    none = "none"
-
-
-class Sampler(str, Enum):
-    shuffle = "shuffle"
-    m_per_class = "m_per_class"
-
-
-class Pooling(str, Enum):
-    avg_max = "avg+max"
-    avg = "avg"
-    max = "max"
-    token = "token"
+if TYPE_CHECKING:  # the members are the declarations', read when the CLI is built
+    Amp = Enum
+    Augment = Enum
+    Loss = Enum
+    Pooling = Enum
+    Sampler = Enum
+else:
+    Amp = choices("Amp", TRAIN_RULES["amp"].names)
+    Augment = choices("Augment", TRAIN_RULES["augment"].names)
+    Loss = choices("Loss", TRAIN_RULES["loss"].names)
+    Pooling = choices("Pooling", MODEL_RULES["pooling"].names)
+    Sampler = choices("Sampler", TRAIN_RULES["sampler"].names)
 
 
 class Format(str, Enum):
@@ -216,16 +190,6 @@ def writing(path: Path) -> Iterator[None]:
         yield
     except OSError as e:
         raise PactlError(f"cannot write {path} ({e.strerror or e})") from None
-
-
-def with_preprocessing(config: ModelConfig) -> ModelConfig:
-    """Resize size and filter left open filled from the backbone's weights (config.json and
-    --print-config then say what is used)."""
-    from pactl.backbones import constructor_for, preprocessing_of
-    from pactl.model import fill_resize
-
-    constructor_for(config.backbone)  # an unknown name fails here, before any work
-    return fill_resize(config, *preprocessing_of(config.backbone))
 
 
 def describe_backbone(config: ModelConfig) -> str:

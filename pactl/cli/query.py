@@ -25,18 +25,15 @@ from pactl.cli.options import (
     to_stdout,
     writing,
 )
-from pactl.config import (
-    MAX_K,
-    TRAIN_RULES,
-    QdrantConfig,
-)
+from pactl.config import TRAIN_RULES, QdrantConfig
 from pactl.console import Reporter, counted, err, literal, out
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
+from pactl.rules import MAX_K
 
 if TYPE_CHECKING:  # the library's heavy side is imported by the commands that use it
     from pactl.output import HitWriter
-    from pactl.verbs.index import QueryChunk
+    from pactl.results import QueryChunk
 
 
 def query(
@@ -142,7 +139,7 @@ def query(
       pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
     """
     from pactl.output import HitWriter
-    from pactl.verbs import index as pipeline
+    from pactl.verbs.query import find_bundle, query_chunks
 
     log = reporter(quiet)
     check_option("--device", device, TRAIN_RULES["device"])
@@ -172,13 +169,13 @@ def query(
         if skipped:
             log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
         return
-    bundle = index_dir or pipeline.find_bundle(runs_dir())
+    bundle = index_dir or find_bundle(runs_dir())
     if index_dir is None:
         log.log(f"using index {bundle}")
     chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
     writer = HitWriter(out, sys.stdout, chosen, paths_only, null)
     pictured: list[tuple[str, str | None, list[tuple[str, str, float]]]] = []
-    chunks = pipeline.query_chunks(
+    chunks = query_chunks(
         bundle,
         query_paths(images, null, follow_links, log),
         k,

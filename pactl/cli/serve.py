@@ -93,7 +93,7 @@ def serve(
     from pactl.index import check_folder, verify_bundle
     from pactl.serve.config import ServeConfig
     from pactl.serve.server import serve as run_service
-    from pactl.verbs.index import find_bundle
+    from pactl.verbs.query import find_bundle
 
     check_option("--device", device, TRAIN_RULES["device"])
     log = reporter(quiet)

@@ -1,4 +1,4 @@
-"""`pactl train`: options -> ModelConfig and TrainConfig -> pactl.training.loop.fit, resumable."""
+"""`pactl train`: options -> pactl.recipe.settle -> pactl.training.loop.fit, resumable."""
 
 from __future__ import annotations
 
@@ -25,31 +25,31 @@ from pactl.cli.options import (
     check_output,
     check_source,
     on_interrupt,
-    option_name,
     reporter,
     to_stdout,
-    with_preprocessing,
 )
 from pactl.config import (
-    PRESETS,
     TRAIN_RULES,
     ModelConfig,
-    Preset,
     TrainConfig,
     check,
-    implied,
+    help_of,
+    option_fields,
+    option_name,
     override,
-    preset_for,
+    resume_keeps,
 )
 from pactl.console import Reporter, literal, out, quoted
 from pactl.errors import PactlError, UsageError
 from pactl.paths import runs_dir
+from pactl.recipe import PRESETS, Recipe, settle
 
 if TYPE_CHECKING:
     from pactl.datasets import Manifest
 
 
 def train(
+    ctx: typer.Context,
     source: Annotated[
         str | None, typer.Argument(help="Dataset name, folder of class sub-folders, or CSV.")
     ] = None,
@@ -62,64 +62,49 @@ def train(
     ] = None,
     backbone: Annotated[
         str | None,
-        typer.Option(
-            help="small, bn_inception, resnet50, timm:<model>, ... (pactl list backbones)."
-        ),
+        typer.Option(help=help_of("backbone")),
     ] = None,
     weights: Annotated[
         str | None,
-        typer.Option(help="none | imagenet | PATH (a state_dict file, .pth or .safetensors)."),
+        typer.Option(help=help_of("weights")),
     ] = None,
-    dim: Annotated[int | None, typer.Option(help="Embedding size.")] = None,
-    image_size: Annotated[int | None, typer.Option(help="Crop size the network sees.")] = None,
-    resize_size: Annotated[int | None, typer.Option(help="Test-time resize before crop.")] = None,
+    dim: Annotated[int | None, typer.Option(help=help_of("embedding_dim"))] = None,
+    image_size: Annotated[int | None, typer.Option(help=help_of("image_size"))] = None,
+    resize_size: Annotated[int | None, typer.Option(help=help_of("resize_size"))] = None,
     pooling: Annotated[
         Pooling | None,
-        typer.Option(
-            help="Feature pooling: avg+max (summed, the official head; the default), avg, max, "
-            "token (a timm transformer's class token)."
-        ),
+        typer.Option(help=help_of("pooling")),
     ] = None,
-    epochs: Annotated[int | None, typer.Option(min=1, help="Epochs to train.")] = None,
+    epochs: Annotated[int | None, typer.Option(min=1, help=help_of("epochs"))] = None,
     time_budget: Annotated[
         str | None,
         typer.Option(
             metavar="DURATION",
-            help="Fit the epochs (and the lr decay, in proportion) to this wall-clock budget "
-            "from the run's measured step and evaluation times: 15m, 900s, 1.5h. Not with "
-            "--epochs.",
+            help=help_of("time_budget"),
         ),
     ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(min=2, help="Global batch size (2 at least: pairs to compare).")
-    ] = None,
-    lr: Annotated[float | None, typer.Option(help="AdamW learning rate.")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
-    proxy_lr_mult: Annotated[float | None, typer.Option(help="Proxies' lr multiplier.")] = None,
-    alpha: Annotated[float | None, typer.Option(help="Proxy-Anchor alpha.")] = None,
-    delta: Annotated[float | None, typer.Option(help="Proxy-Anchor margin delta.")] = None,
-    loss: Annotated[Loss | None, typer.Option(help="Loss to train with.")] = None,
-    warmup_epochs: Annotated[int | None, typer.Option(min=0, help="Head-only epochs.")] = None,
-    lr_decay_step: Annotated[
-        int | None, typer.Option(min=1, help="Epochs between learning-rate decays.")
-    ] = None,
-    lr_decay_gamma: Annotated[
-        float | None, typer.Option(help="Factor of each learning-rate decay.")
-    ] = None,
+    batch_size: Annotated[int | None, typer.Option(min=2, help=help_of("batch_size"))] = None,
+    lr: Annotated[float | None, typer.Option(help=help_of("lr"))] = None,
+    weight_decay: Annotated[float | None, typer.Option(help=help_of("weight_decay"))] = None,
+    proxy_lr_mult: Annotated[float | None, typer.Option(help=help_of("proxy_lr_mult"))] = None,
+    alpha: Annotated[float | None, typer.Option(help=help_of("alpha"))] = None,
+    delta: Annotated[float | None, typer.Option(help=help_of("delta"))] = None,
+    loss: Annotated[Loss | None, typer.Option(help=help_of("loss"))] = None,
+    warmup_epochs: Annotated[int | None, typer.Option(min=0, help=help_of("warmup_epochs"))] = None,
+    lr_decay_step: Annotated[int | None, typer.Option(min=1, help=help_of("lr_decay_step"))] = None,
+    lr_decay_gamma: Annotated[float | None, typer.Option(help=help_of("lr_decay_gamma"))] = None,
     freeze_bn: Annotated[
         bool | None,
         typer.Option(
             "--freeze-bn/--no-freeze-bn",
-            help="Keep BatchNorm statistics fixed. Default: frozen for pretrained weights (as the "
-            "paper does for CUB and Cars), training with --weights none (frozen random "
-            "statistics make the network collapse).",
+            help=help_of("freeze_bn"),
         ),
     ] = None,
     sync_bn: Annotated[
         bool | None,
         typer.Option(
             "--sync-bn/--no-sync-bn",
-            help="SyncBatchNorm under torchrun (default: on when BatchNorm trains on GPUs).",
+            help=help_of("sync_bn"),
         ),
     ] = None,
     val_classes: Annotated[
@@ -127,37 +112,28 @@ def train(
         typer.Option(
             min=0.0,
             max=0.9,
-            help="Share of the train classes held out as validation classes that choose "
-            "best.pt (default 0.15 for your own data; 0: none, best.pt is the last epoch). "
-            "Presets keep their own choice (the paper's: best test Recall@1) unless given.",
+            help=help_of("val_classes"),
         ),
     ] = None,
     augment: Annotated[
         Augment | None,
-        typer.Option(
-            help="Train-time augmentation: rrc_flip (random resized crop + flip, the paper's), "
-            "flip (the test transform's view, mirrored half the time), light (small affine "
-            "jitter, no flip: glyphs, digits), none."
-        ),
+        typer.Option(help=help_of("augment")),
     ] = None,
     crop_scale: Annotated[
         float | None,
         typer.Option(
-            help="rrc_flip's smallest crop as a share of the image's area (the paper's 0.08; "
-            "1.0 keeps whole images, only reshaped).",
+            help=help_of("crop_scale"),
         ),
     ] = None,
-    sampler: Annotated[Sampler | None, typer.Option(help="shuffle | m_per_class.")] = None,
-    m: Annotated[int | None, typer.Option(min=1, help="Images per class (m_per_class).")] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seeds initialisation, sampling and augmentation.")
-    ] = None,
+    sampler: Annotated[Sampler | None, typer.Option(help=help_of("sampler"))] = None,
+    m: Annotated[int | None, typer.Option(min=1, help=help_of("m_per_class"))] = None,
+    seed: Annotated[int | None, typer.Option(help=help_of("seed"))] = None,
     precision: Annotated[
         float | None,
         typer.Option(
             min=0.0,
             max=1.0,
-            help="Same-item precision best.pt's calibrated cosine threshold reaches (0.99).",
+            help=help_of("precision"),
         ),
     ] = None,
     seeds: Annotated[
@@ -167,36 +143,32 @@ def train(
             "runs/<name>-seeds.csv: each metric's mean and std."
         ),
     ] = None,
-    workers: Annotated[int | None, typer.Option(min=0, help="DataLoader workers.")] = None,
-    device: Annotated[
-        str | None, typer.Option(help="auto | cpu | cuda | cuda:N (default: auto).")
-    ] = None,
-    amp: Annotated[Amp | None, typer.Option(help="Mixed precision autocast.")] = None,
+    workers: Annotated[int | None, typer.Option(min=0, help=help_of("workers"))] = None,
+    device: Annotated[str | None, typer.Option(help=help_of("device"))] = None,
+    amp: Annotated[Amp | None, typer.Option(help=help_of("amp"))] = None,
     channels_last: Annotated[
         bool | None,
         typer.Option(
             "--channels-last/--no-channels-last",
-            help="NHWC memory layout for convolutions (default: on).",
+            help=help_of("channels_last"),
         ),
     ] = None,
-    compile_: Annotated[
+    compile: Annotated[
         bool | None,
-        typer.Option("--compile/--no-compile", help="torch.compile the model (default: off)."),
+        typer.Option("--compile/--no-compile", help=help_of("compile")),
     ] = None,
     follow_links: Annotated[
         bool | None,
         typer.Option(
             "--follow-links",
-            help="Follow links that lead out of the folder or the CSV's folder (default: "
-            "skipped / refused). Kept for --resume.",
+            help=help_of("follow_links"),
         ),
     ] = None,
     tensorboard: Annotated[
         bool | None,
         typer.Option(
             "--tensorboard",
-            help="Log loss, lr and the metrics per epoch to runs/<run>/tensorboard (needs "
-            "pip install 'pactl[tensorboard]').",
+            help=help_of("tensorboard"),
         ),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Run folder name under runs/.")] = None,
@@ -230,97 +202,83 @@ def train(
       torchrun --nproc-per-node 4 -m pactl train sop
       pactl train --resume latest
     """
-    given = {k: v for k, v in locals().items() if k in RESUME_REFUSES and v is not None}
     log = reporter(quiet)
-
-    @functools.cache
-    def data(source: str, follow_links: bool) -> Manifest:
-        """The source's manifest, read once: by the recipe's choice where it needs the images'
-        size, else by the training itself."""
-        from pactl.datasets import load_source
-
-        return load_source(source, log, follow_links=follow_links)
-
+    data = manifest_reader(log)
+    options = {k: v for k, v in ctx.params.items() if v is not None}
     budget = checked_budget(time_budget, epochs)
     if name is not None:
         check_run_name(name)
     check_option("--device", device, TRAIN_RULES["device"])
     if resume:
-        run, source, model_cfg, cfg = resumed(resume, given, epochs, device, workers)
-        why: list[str] = []
+        run, source, recipe = resumed(resume, options)
     else:
         source = checked_source(source, preset)
-        chosen = preset_for(
+        given = settings_given(options, budget)
+        recipe = settle(
             source,
-            preset,
+            given,
             device_type(device),
-            weights,
             lambda: side_of(data(source, bool(follow_links))),
+            preset,
+            option_name,
         )
-        model_cfg = model_settings(chosen, backbone, weights, dim, image_size, resize_size)
-        model_cfg = override(model_cfg, pooling=_value(pooling))
-        cfg = override(
-            chosen.train,
-            epochs=epochs,
-            time_budget=budget,
-            batch_size=batch_size,
-            lr=lr,
-            weight_decay=weight_decay,
-            proxy_lr_mult=proxy_lr_mult,
-            alpha=alpha,
-            delta=delta,
-            loss=_value(loss),
-            warmup_epochs=warmup_epochs,
-            lr_decay_step=lr_decay_step,
-            lr_decay_gamma=lr_decay_gamma,
-            freeze_bn=freeze_bn,
-            sync_bn=sync_bn,
-            augment=_value(augment),
-            crop_scale=crop_scale,
-            sampler=_value(sampler),
-            m_per_class=m,
-            seed=seed,
-            precision=precision,
-            workers=workers,
-            device=device,
-            amp=_value(amp),
-            channels_last=channels_last,
-            compile=compile_,
-            val_classes=val_classes,
-            follow_links=follow_links,
-            tensorboard=tensorboard,
-        )
-        model_cfg, cfg, why = settled(chosen, model_cfg, cfg, given)
-        run = runs_dir() / (name or default_run_name(source, model_cfg, cfg))
+        run = runs_dir() / (name or default_run_name(source, recipe.model, recipe.train))
     if print_config:
-        show_config(source, model_cfg, cfg, why)
+        show_config(source, recipe)
         return
     if seeds is not None:
         if seed is not None:
             raise UsageError("give --seed or --seeds, not both")
-        train_seeds(source, data, model_cfg, cfg, run, seeds, log, overwrite)
+        train_seeds(source, data, recipe, run, seeds, log, overwrite)
         return
-    show_result(run_fit(source, data, model_cfg, cfg, run, log, bool(resume), overwrite))
+    show_result(run_fit(source, data, recipe, run, log, bool(resume), overwrite))
 
 
-def resumed(
-    resume: str, given: dict[str, Any], epochs: int | None, device: str | None, workers: int | None
-) -> tuple[Path, str, ModelConfig, TrainConfig]:
-    """The run --resume names and its own settings; only --epochs, --device, --workers change."""
-    from pactl.training.loop import latest_run, resumed_configs
+def manifest_reader(log: Reporter) -> Callable[[str, bool], Manifest]:
+    """The source's manifest, read once: by the recipe's choice where it needs the images'
+    size, else by the training itself."""
 
-    if given:
-        names = ", ".join("--" + k.rstrip("_").replace("_", "-") for k in sorted(given))
+    @functools.cache
+    def data(source: str, follow_links: bool) -> Manifest:
+        from pactl.datasets import load_source
+
+        return load_source(source, log, follow_links=follow_links)
+
+    return data
+
+
+# The options of `pactl train` that are no settings, and which --resume refuses as well.
+RUN_OPTIONS = ("source", "preset", "name", "seeds")
+
+
+def settings_given(options: dict[str, Any], budget: float | None) -> dict[str, Any]:
+    """The options given that set a ModelConfig or TrainConfig field, by field name (choices as
+    their names, --time-budget in seconds)."""
+    fields = option_fields()
+    given = {fields[k]: _value(v) for k, v in options.items() if k in fields}
+    if budget is not None:
+        given["time_budget"] = budget
+    return given
+
+
+def resumed(resume: str, options: dict[str, Any]) -> tuple[Path, str, Recipe]:
+    """The run --resume names and its own settings; only the settings declared resumable
+    (--epochs, --device, --workers, --precision) may change."""
+    from pactl.runs import latest_run, resumed_configs
+
+    fields, keeps = option_fields(), resume_keeps()
+    refused = sorted(k for k in options if k in RUN_OPTIONS or fields.get(k) in keeps)
+    if refused:
+        names = ", ".join(option_name(fields.get(k, k)) for k in refused)
         raise UsageError(
             f"--resume continues a run with its own settings: it takes --epochs, --device "
             f"and --workers, not {names} (start a new run for other settings)"
         )
     run = latest_run(runs_dir()) if resume == "latest" else Path(resume)
     source, model_cfg, cfg = resumed_configs(run)
-    cfg = check(
-        override(cfg, epochs=epochs, device=device, workers=workers), option_name, UsageError
-    )
-    return run, source, model_cfg, cfg
+    changes = {fields[k]: v for k, v in options.items() if k in fields}
+    cfg = check(override(cfg, **changes), option_name, UsageError)
+    return run, source, Recipe(model_cfg, cfg)
 
 
 def side_of(manifest: Manifest) -> int | None:
@@ -360,61 +318,22 @@ def device_type(device: str | None) -> str:
     return resolve_device(device or "auto").type
 
 
-def model_settings(
-    chosen: Preset,
-    backbone: str | None,
-    weights: str | None,
-    dim: int | None,
-    image_size: int | None,
-    resize_size: int | None,
-) -> ModelConfig:
-    """The preset's model with the options given; a new --image-size keeps the preset's own
-    resize-to-crop ratio (24/24 for digits) unless --resize-size is given too."""
-    model_cfg = override(
-        chosen.model,
-        backbone=backbone,
-        weights=weights,
-        embedding_dim=dim,
-        image_size=image_size,
-        resize_size=resize_size,
-    )
-    if image_size and not resize_size and chosen.model.resize_size:
-        ratio = chosen.model.resize_size / chosen.model.image_size
-        model_cfg = override(model_cfg, resize_size=round(image_size * ratio))
-    return model_cfg
-
-
-def settled(
-    chosen: Preset, model_cfg: ModelConfig, cfg: TrainConfig, given: dict[str, Any]
-) -> tuple[ModelConfig, TrainConfig, list[str]]:
-    """What the options imply beyond themselves, checked, with the reasons for --print-config."""
-    from pactl.model import check_model_config
-
-    cfg, why = implied(model_cfg, cfg, given)
-    why.insert(0, f"settings: {chosen.source}")
-    model_cfg = with_preprocessing(model_cfg)
-    check_model_config(model_cfg, name=option_name, error=UsageError)
-    check(cfg, option_name, UsageError)
-    return model_cfg, cfg, why
-
-
-def show_config(source: str, model_cfg: ModelConfig, cfg: TrainConfig, why: list[str]) -> None:
+def show_config(source: str, recipe: Recipe) -> None:
     """--print-config: the settings as this machine would resolve them, and why, as JSON."""
     from pactl.distributed import World
-    from pactl.training.loop import explain, resolve_train_config
+    from pactl.recipe import explain, resolve_train_config
 
     world = World(size=int(os.environ.get("WORLD_SIZE", "1")))
-    cfg = resolve_train_config(model_cfg, cfg, world)
-    why += explain(model_cfg, cfg)
+    cfg = resolve_train_config(recipe.model, recipe.train, world)
+    why = [*recipe.why, *explain(recipe.model, cfg)]
     with to_stdout():
-        out.print_json(data={"source": source, "why": why, **_configs(model_cfg, cfg)})
+        out.print_json(data={"source": source, "why": why, **_configs(recipe.model, cfg)})
 
 
 def run_fit(
     source: str,
     data: Callable[[str, bool], Manifest],
-    model_cfg: ModelConfig,
-    cfg: TrainConfig,
+    recipe: Recipe,
     run: Path,
     log: Reporter,
     resume: bool,
@@ -422,15 +341,16 @@ def run_fit(
 ) -> Any:
     """Train into `run` on `data(source, follow_links)`; a run that fails before its first
     checkpoint leaves no folder behind."""
-    from pactl.training.loop import fit, prepare_run_dir
+    from pactl.runs import prepare_run_dir
+    from pactl.training.loop import fit
 
     check_output(run, "run folder", folder=True)
-    manifest = data(source, cfg.follow_links)
+    manifest = data(source, recipe.train.follow_links)
     created = not run.exists() or not any(run.iterdir())
     prepare_run_dir(run, resume=resume, overwrite=overwrite)
     try:
         with on_interrupt(lambda: _resume_hint(run, created)):
-            return fit(source, manifest, model_cfg, cfg, run, log, resume=resume)
+            return fit(source, manifest, recipe.model, recipe.train, run, log, resume=resume)
     except PactlError:
         if created and not (run / "checkpoint.pt").exists():  # nothing to resume: no dead end
             shutil.rmtree(run, ignore_errors=True)
@@ -452,21 +372,10 @@ def show_result(result: Any) -> None:
         out.print(literal(f"best epoch {result.best_epoch} (by {chosen_by}): {best}"))
 
 
-# Settings a resumed run keeps from its config.json; --epochs, --device, --workers may change.
-RESUME_REFUSES = {
-    "source", "preset", "backbone", "weights", "dim", "image_size", "resize_size", "batch_size",
-    "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss", "warmup_epochs",
-    "lr_decay_step", "lr_decay_gamma", "freeze_bn", "sync_bn", "val_classes", "augment",
-    "crop_scale", "sampler", "m", "seed", "amp", "channels_last", "compile_", "follow_links",
-    "name", "pooling", "seeds", "tensorboard", "time_budget",
-}  # fmt: skip
-
-
 def train_seeds(
     source: str,
     data: Callable[[str, bool], Manifest],
-    model_cfg: ModelConfig,
-    cfg: TrainConfig,
+    recipe: Recipe,
     run: Path,
     seeds: str,
     log: Reporter,
@@ -479,11 +388,12 @@ def train_seeds(
     chosen = parse_seeds(seeds)
     for s in chosen:
         check_output(run.parent / seed_run_name(run.name, s), "run folder", folder=True)
-    manifest = data(source, cfg.follow_links)
+    manifest = data(source, recipe.train.follow_links)
     with on_interrupt(lambda: "finished seeds are kept; start the rest with --seeds"):
         result = run_seeds(
-            source, manifest, model_cfg, cfg, run.parent, run.name, chosen, log, overwrite
-        )
+            source, manifest, recipe.model, recipe.train, run.parent, run.name, chosen, log,
+            overwrite,
+        )  # fmt: skip
     with to_stdout():
         for path in result.runs:
             out.print(literal(f"run: {path}"))
@@ -504,8 +414,8 @@ def _resume_hint(run: Path, created: bool) -> str:
     return f"no epoch of this resume finished; {run} is as it was"
 
 
-def _value(choice: Enum | None) -> Any:
-    return None if choice is None else choice.value
+def _value(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
 
 
 def _configs(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pactl import __version__
 from pactl.console import Reporter
 from pactl.datasets.benchmarks import CARS, CUB, INSHOP, SOP, Layout
 from pactl.datasets.digits import prepare_digits
@@ -23,6 +22,7 @@ from pactl.download import Archive, FetchOptions, Provenance, gather
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text
 from pactl.paths import datasets_dir, writable_datasets_dir
+from pactl.version import __version__
 
 # prepare(target_folder, from_path_or_None, reporter) writes images and manifest.csv.
 Prepare = Callable[[Path, "Path | None", Reporter], None]

@@ -93,7 +93,7 @@ def decode_files(files: Sequence[Path], model_config: ModelConfig) -> Any:
     """`files` decoded and transformed as embed_files does, on this thread, as one Batch (its
     failures listed with their reasons): a service decodes a request's images on the request's
     own thread and leaves only the forward pass to the network's (embed_decoded)."""
-    from pactl.images import collate
+    from pactl.loaders import collate
 
     if not files:
         return collate([])

@@ -17,9 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pactl import __version__
 from pactl.checkpoint import Network
-from pactl.config import COMMIT_EVERY, ModelConfig, to_dict
+from pactl.config import EmbedConfig, ModelConfig, to_dict
 from pactl.console import Reporter
 from pactl.embed import fastpath
 from pactl.embed.folder import (
@@ -41,6 +40,7 @@ from pactl.fsutil import (
     record_files,
 )
 from pactl.output import write_rows
+from pactl.version import __version__
 
 
 @dataclass
@@ -155,12 +155,8 @@ def embed_to_folder(
     out_dir: Path,
     device: torch.device,
     reporter: Reporter,
-    batch_size: int = 128,
-    workers: int = 0,
-    amp: str = "none",
+    config: EmbedConfig = EmbedConfig(),
     scratch: bool = False,
-    commit_every: int = COMMIT_EVERY,
-    gpu_decode: bool = False,
     replace_other: bool = False,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
@@ -169,8 +165,8 @@ def embed_to_folder(
     in `out_dir` are refused before any work, unless `replace_other` (`embed --overwrite`).
 
     Run again into the same folder with the same model, only new or changed files are embedded.
-    Progress is committed every `commit_every` images (Progress): after a kill, the same command
-    goes on from the last commit.
+    Progress is committed every config.commit_every images (Progress): after a kill, the same
+    command goes on from the last commit.
     """
     model_config = network.config
     stats = file_stats(files)
@@ -188,12 +184,9 @@ def embed_to_folder(
         fresh = _open_npy(fresh_path, (len(todo), dim))
         todo_files = [files[i] for i in todo.tolist()]
         progress = Progress.open(
-            out_dir, network.fingerprint, todo_files, stats_of(stats, todo), commit_every
+            out_dir, network.fingerprint, todo_files, stats_of(stats, todo), config.commit_every
         )
-        result = progress.embed(
-            model, model_config, device, reporter, batch_size, workers, amp, fresh, commit_every,
-            gpu_decode,
-        )  # fmt: skip
+        result = progress.embed(model, model_config, device, reporter, config, fresh)
         embedded = np.full(len(files), -1, dtype=np.int64)
         embedded[todo[result.rows]] = np.arange(len(result.rows))
         keep = np.flatnonzero((job.reuse >= 0) | (embedded >= 0))  # input order
@@ -275,7 +268,7 @@ class Progress:
         fingerprint: str,
         files: Sequence[Path],
         stats: list[tuple[int, int]],
-        commit_every: int = COMMIT_EVERY,
+        commit_every: int,
     ) -> Progress:
         digest = hashlib.sha256(f"{fingerprint}\0{commit_every}\0".encode())
         for f, (size, mtime) in zip(files, stats, strict=True):
@@ -297,16 +290,12 @@ class Progress:
         model_config: ModelConfig,
         device: torch.device,
         reporter: Reporter,
-        batch_size: int,
-        workers: int,
-        amp: str,
+        config: EmbedConfig,
         out: np.ndarray,
-        commit_every: int,
-        gpu_decode: bool = False,
     ) -> Embedded:
         """Embed the job's files into `out` (packed from the top, as embed_files does), taking
         committed chunks from disk and committing each new one."""
-        n = len(self.files)
+        n, commit_every, amp = len(self.files), config.commit_every, config.amp
         starts = list(range(0, n, commit_every))
         done = self._committed(len(starts))
         if done:
@@ -328,8 +317,9 @@ class Progress:
                     advance(len(chunk))
                 else:
                     result = embed_files(
-                        model, chunk, model_config, device, reporter, batch_size, workers, amp,
-                        prepare=False, advance=advance, gpu_decode=gpu_decode,
+                        model, chunk, model_config, device, reporter, config.batch_size,
+                        config.workers, amp, prepare=False, advance=advance,
+                        gpu_decode=config.gpu_decode,
                     )  # fmt: skip
                     vectors, got, lost = result.vectors, result.rows, result.failed
                     self._write(k, vectors, got, lost)

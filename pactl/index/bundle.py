@@ -17,7 +17,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from pactl import __version__, checksums, records
+from pactl import checksums, records
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.fsutil import (
@@ -50,6 +50,7 @@ from pactl.index.ondisk import (
 )
 from pactl.index.search import in_sorted
 from pactl.items import ID_MAX, TABLE_FILE, ItemTable
+from pactl.version import __version__
 
 BUNDLE_FORMAT = "pactl.bundle"
 BUNDLE_VERSION = 2  # 2: may hold deleted.npy; a bundle without tombstones is still written as 1

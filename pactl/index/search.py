@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from pactl.errors import PactlError
+from pactl.results import Hit
 
 
 class Items(Protocol):
@@ -47,16 +47,6 @@ class Searchable(Protocol):
     def deleted(self) -> np.ndarray: ...  # sorted tombstone ids
 
     def searcher(self, depth: int) -> Any: ...
-
-
-@dataclass(frozen=True)
-class Hit:
-    query: str  # the query's name (its path, or what the caller calls it)
-    rank: int  # 1 = most similar
-    id: int  # the item's id in the bundle
-    path: str
-    label: str  # "" when the item has no label
-    score: float  # cosine similarity (inner product of unit vectors)
 
 
 def path_key(path: str) -> str:

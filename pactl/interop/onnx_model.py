@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from pactl import __version__
 from pactl.config import (
     ONNX_MAX_OPSET,
     ONNX_MIN_OPSET,
@@ -30,6 +29,7 @@ from pactl.config import (
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.interop import require
+from pactl.version import __version__
 
 ONNX_FORMAT = "pactl.onnx"
 ONNX_VERSION = 1

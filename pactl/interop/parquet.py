@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from pactl import __version__, records
+from pactl import records
 from pactl.config import ParquetConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.interop import require
+from pactl.version import __version__
 
 PARQUET_FORMAT = "pactl.parquet"
 PARQUET_VERSION = 1

@@ -21,8 +21,8 @@ import numpy as np
 from pactl.config import QdrantConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
-from pactl.index.search import Hit
 from pactl.interop import require
+from pactl.results import Hit
 
 EXTRA = ("qdrant", "qdrant_client")  # extra, module
 DISTANCE = "Dot"  # Qdrant's name for the inner product

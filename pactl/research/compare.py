@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pactl.errors import PactlError, UsageError
-from pactl.report import best_epoch, read_metrics, run_selection
+from pactl.runs import best_epoch, read_metrics, run_selection
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pactl.config import MAX_SEED, ModelConfig, TrainConfig
+from pactl.config import ModelConfig, TrainConfig
 from pactl.console import Reporter
 from pactl.datasets import Manifest
 from pactl.errors import PactlError, UsageError
 from pactl.fsutil import atomic_write_text
+from pactl.rules import MAX_SEED
 
 MAX_SEEDS = 100
 
@@ -99,7 +100,8 @@ def train_seeds(
     overwrite: bool = False,
 ) -> SeedsResult:
     """fit() once per seed into runs/<name>-s<seed>; the summary in runs/<name>-seeds.csv."""
-    from pactl.training.loop import fit, prepare_run_dir
+    from pactl.runs import prepare_run_dir
+    from pactl.training.loop import fit
 
     folders = [runs / seed_run_name(name, s) for s in seeds]
     for folder in folders:  # every folder is checked before the first run starts

@@ -21,24 +21,16 @@ import json
 import math
 import re
 import typing
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pactl.config import (
-    ModelConfig,
-    Preset,
-    TrainConfig,
-    check,
-    implied,
-    override,
-    preset_for,
-    to_dict,
-)
+from pactl.config import ModelConfig, TrainConfig, to_dict
 from pactl.console import QUIET, Reporter
 from pactl.errors import Busy, PactlError, UsageError
 from pactl.fsutil import atomic_write_text, make_folder, writer_lock
+from pactl.recipe import settle
 
 if TYPE_CHECKING:
     import optuna
@@ -129,25 +121,9 @@ def parse_setting(text: str, many: bool) -> tuple[str, Any]:
     return key, parts
 
 
-def base_configs(
-    config: SweepConfig,
-    device_type: str,
-    params: dict[str, Any] | None = None,
-    side: Callable[[], int | None] | None = None,
-) -> tuple[ModelConfig, TrainConfig]:
-    """The recipe a point starts from: the preset (as `pactl train` chooses it, by the point's
-    weights where they are swept, and by `side()`, the images' typical side, where it depends on
-    it; by default read from the source), --set."""
-    fixed = dict(config.fixed)
-    weights = (params or {}).get("weights", fixed.get("weights"))
-    chosen: Preset = preset_for(
-        config.source, config.preset, device_type, weights, side or (lambda: source_side(config))
-    )
-    model, train = chosen.model, chosen.train
-    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
-    model = override(model, **{k: v for k, v in fixed.items() if k in model_keys})
-    train = override(train, **{k: v for k, v in fixed.items() if k not in model_keys})
-    return model, train
+def point_settings(config: SweepConfig, params: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The settings one point and seed are given: --set, the swept values, the seed."""
+    return {**dict(config.fixed), **params, "seed": seed}
 
 
 def source_side(config: SweepConfig, data: Callable[[bool], Manifest] | None = None) -> int | None:
@@ -159,31 +135,6 @@ def source_side(config: SweepConfig, data: Callable[[bool], Manifest] | None = N
     if data is not None:
         return typical_side(data(follow_links))
     return typical_side(load_source(config.source, QUIET, follow_links=follow_links))
-
-
-def point_configs(
-    model: ModelConfig,
-    train: TrainConfig,
-    params: dict[str, Any],
-    seed: int,
-    fixed: Collection[str] = (),
-) -> tuple[ModelConfig, TrainConfig]:
-    """One point's configs: the swept values on the base recipe, settled as `pactl train`
-    settles its options (config.implied: `fixed` and the swept names count as given), the
-    preprocessing filled in and every field checked."""
-    from pactl.backbones import preprocessing_of
-    from pactl.model import check_model_config, fill_resize
-
-    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
-    model = dataclasses.replace(model, **{k: v for k, v in params.items() if k in model_keys})
-    train = dataclasses.replace(
-        train, seed=seed, **{k: v for k, v in params.items() if k not in model_keys}
-    )
-    train, _ = implied(model, train, {*fixed, *params})
-    model = fill_resize(model, *preprocessing_of(model.backbone))
-    check_model_config(model, name=lambda f: f"sweep setting {f}", error=UsageError)
-    check(train, lambda f: f"sweep setting {f}", UsageError)
-    return model, train
 
 
 def point_name(params: dict[str, Any], seed: int) -> str:
@@ -316,7 +267,7 @@ def is_locked(lock_folder: Path) -> bool:
 
 def finished(run: Path) -> bool:
     """Whether a point's run folder holds every epoch it planned (and its best.pt)."""
-    from pactl.report import read_metrics
+    from pactl.runs import read_metrics
 
     try:
         planned = json.loads((run / "config.json").read_bytes())["train_config"]["epochs"]
@@ -337,7 +288,7 @@ def score(best: dict[str, float]) -> float:
 
 def best_of(run: Path) -> dict[str, float]:
     """The metrics of the epoch best.pt holds, read back from the run folder."""
-    from pactl.report import best_epoch, read_metrics, run_selection
+    from pactl.runs import best_epoch, read_metrics, run_selection
 
     rows = read_metrics(run / "metrics.csv")
     chosen = best_epoch(rows, run_selection(run, set().union(*rows)))
@@ -354,7 +305,8 @@ def run_point(
 ) -> dict[str, float]:
     """One point and seed: read back when finished, resumed from its checkpoint, or trained.
     Busy when another process is training it."""
-    from pactl.training.loop import fit, prepare_run_dir, resumed_configs
+    from pactl.runs import prepare_run_dir, resumed_configs
+    from pactl.training.loop import fit
 
     run, lock = folder / "points" / name, folder / "locks" / name
     make_folder(lock)
@@ -380,9 +332,17 @@ def sweep_point_configs(
     seed: int,
     side: Callable[[], int | None] | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
-    """One point's configs, from the recipe `pactl train` would start it from."""
-    base = base_configs(config, device_type, params, side)
-    return point_configs(*base, params, seed, dict(config.fixed))
+    """One point's configs, settled as `pactl train` settles the same settings given as its
+    options (pactl.recipe.settle): --set and the swept values count as given."""
+    recipe = settle(
+        config.source,
+        point_settings(config, params, seed),
+        device_type,
+        side or (lambda: source_side(config)),
+        config.preset,
+        name=lambda f: f"sweep setting {f}",
+    )
+    return recipe.model, recipe.train
 
 
 def objective(
@@ -443,7 +403,7 @@ def run_sweep(
     for params in points:  # every point's settings checked before any training
         for seed in config.seeds:
             sweep_point_configs(config, device_type, params, seed, side)
-    follow_links = base_configs(config, device_type, side=side)[1].follow_links
+    follow_links = bool(dict(config.fixed).get("follow_links"))
     manifest = data(follow_links)
     study = open_study(folder, config)
     requeue_stale(study, folder, config, reporter)

@@ -30,15 +30,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
-from pactl import __version__
-from pactl.config import MAX_K
+from pactl.config import EmbedConfig
 from pactl.embed import decode_files
 from pactl.errors import Busy, NoSpace, PactlError, ReadOnly
+from pactl.rules import MAX_K
 from pactl.serve.bodies import json_object, names_of, upload_form, uploads_of
 from pactl.serve.config import ServeConfig
 from pactl.serve.engine import Answer, Batcher, Engine, Job
 from pactl.serve.guard import SlowBody, TooLarge
 from pactl.serve.uploads import fd_path, open_allowed, store_for_add, write_scratch
+from pactl.version import __version__
 
 DECODERS = max(2, min(4, os.cpu_count() or 1))  # requests decoding their images at once
 STATIC = {  # URL path -> (file in pactl/static, media type): nothing else is ever served
@@ -306,7 +307,7 @@ def _writes(app: FastAPI) -> None:
         """Embed uploaded images (`file`, `files`, optional `label`) and append them to the
         bundle as a new generation; they are kept under the upload folder."""
         from pactl.console import QUIET
-        from pactl.verbs.index import add_to_index
+        from pactl.verbs.add import add_to_index
 
         if form is None:  # the client went away mid-upload
             return {}
@@ -320,7 +321,12 @@ def _writes(app: FastAPI) -> None:
         try:
             async with turn:
                 done = await run_in_threadpool(
-                    add_to_index, str(staged.folder), config.bundle, None, config.device, QUIET
+                    add_to_index,
+                    str(staged.folder),
+                    config.bundle,
+                    None,
+                    EmbedConfig(device=config.device),
+                    QUIET,
                 )
         except BaseException:  # not added (another writer, a full disk): keep nothing of it
             staged.drop()

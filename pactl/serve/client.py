@@ -26,8 +26,7 @@ from urllib.parse import urlencode, urlsplit
 
 from pactl.errors import PactlError, UsageError
 from pactl.files import NotRegular, open_regular, os_reason
-from pactl.index.search import Hit
-from pactl.verbs.index import QueryChunk
+from pactl.results import Hit, QueryChunk
 
 CHUNK = 128
 DEFAULT_LIMITS = (20 * 1024 * 1024, 128)  # bytes and files, where /health does not say them

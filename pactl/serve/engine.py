@@ -95,14 +95,14 @@ class Engine:
         self._load_model_and_bundle()
 
     def _load_model_and_bundle(self) -> None:
-        from pactl.verbs.index import open_query_model
+        from pactl.verbs.query import open_query_model
 
         generation = generation_of(self.config.bundle)
-        bundle, model, model_cfg, device = open_query_model(
+        opened = open_query_model(
             self.config.bundle, None, self.config.device, self.config.faiss_device
         )
-        self.model, self.model_cfg, self.device = model.eval(), model_cfg, device
-        self.snapshot = Snapshot(generation, bundle)
+        self.model, self.model_cfg, self.device = opened.model.eval(), opened.config, opened.device
+        self.snapshot = Snapshot(generation, opened.bundle)
 
     def fresh(self) -> Snapshot:
         """The current generation's snapshot, loaded whole first if the link moved."""
@@ -187,7 +187,7 @@ class Engine:
     def same_item_threshold(self) -> float:
         """The current bundle's calibrated same-item threshold (PactlError: it has none)."""
         from pactl.calibrate import same_item_threshold
-        from pactl.verbs.index import calibration_of
+        from pactl.verbs.lineage import calibration_of
 
         meta = self.fresh().bundle.meta
         return same_item_threshold(calibration_of(meta), str(self.config.bundle))[0]

@@ -45,7 +45,7 @@ def dedup(
     for the search), at the given or calibrated threshold."""
     from pactl.calibrate import same_item_threshold
     from pactl.index.dedup import DedupConfig, find_groups, removable
-    from pactl.verbs.index import calibration_of
+    from pactl.verbs.lineage import calibration_of
 
     searcher, items, meta = _searcher(folder, reporter)
     t, how = same_item_threshold(calibration_of(meta), str(folder), threshold, precision)
@@ -97,7 +97,7 @@ def _searcher(folder: Path, reporter: Reporter) -> tuple[Any, Any, dict[str, Any
             )
         live = ~bundle.is_deleted(bundle.items.ids)
         return searcher, bundle.items.take(np.flatnonzero(live)), bundle.meta
-    from pactl.verbs.index import gather_vectors
+    from pactl.verbs.vectors import gather_vectors
 
     vectors, items, meta = gather_vectors(folder)
     return VectorSearcher(vectors, reporter=reporter), items, meta

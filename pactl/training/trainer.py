@@ -1,0 +1,243 @@
+"""The trainer: the network, the loss and its proxies, the optimiser groups and schedule built
+once (build_trainer), and one step and one epoch of training.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pactl.config import ModelConfig, TrainConfig
+from pactl.console import Reporter
+from pactl.datasets import Manifest
+from pactl.distributed import World, gather_batch, share_sizes
+from pactl.errors import PactlError
+from pactl.evaluation import evaluate
+from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
+from pactl.runtime import autocast, resolve_device
+from pactl.training.splits import Splits
+
+
+@dataclass
+class Best:
+    """The epoch best.pt holds: its metrics and its selection score (pactl.runs.selection_score:
+    the score, then the tie-breaker); epoch -1 before any."""
+
+    epoch: int = -1
+    metrics: dict[str, float] = field(default_factory=dict)
+    score: float = -1.0
+    then: float = -1.0
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Best:
+        """From checkpoint.pt's `best` (checked by pactl.checkpoint; older ones lack the score)."""
+        return cls(
+            int(data["epoch"]),
+            dict(data["metrics"]),
+            float(data.get("score", -1.0)),
+            float(data.get("then", -1.0)),
+        )
+
+
+@dataclass
+class RunState:
+    """What a run knows of its epochs so far: the best one, the last one's numbers, and epoch
+    0's (the start each later epoch is held against). checkpoint.pt keeps it for --resume."""
+
+    best: Best = field(default_factory=Best)
+    last: dict[str, float] = field(default_factory=dict)
+    start: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Where a run writes and what it writes there: the folder, what it trains on (config.json
+    and provenance.json name them), metrics.csv's columns, the classes in the proxies' order,
+    and whether it continues a run (--resume)."""
+
+    path: Path
+    source: str
+    manifest: Manifest
+    columns: list[str]
+    classes: list[str]
+    resume: bool = False
+
+
+@dataclass
+class Trainer:
+    """Everything one epoch needs; built once by fit()."""
+
+    model: nn.Module  # EmbeddingNet, possibly wrapped by DDP / torch.compile
+    net: EmbeddingNet  # the bare network (for state_dicts and warm-up)
+    criterion: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    device: torch.device
+    world: World
+    cfg: TrainConfig
+    model_cfg: ModelConfig
+    writer: Any = None  # a TensorBoard SummaryWriter with --tensorboard (first process only)
+    # The calibration split's (vectors, labels) from the latest evaluation, and from best.pt's:
+    # its same-item calibration reads them instead of embedding the split once more.
+    evaluated: tuple[np.ndarray, np.ndarray] | None = None
+    best_vectors: tuple[np.ndarray, np.ndarray] | None = None
+    state: RunState = field(default_factory=RunState)
+
+
+def param_groups(net: EmbeddingNet, criterion: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Backbone and head at lr; the loss's proxies at lr x proxy_lr_mult (100 in the paper)."""
+    head = {id(p) for p in net.head_parameters()}
+    groups = [
+        {"params": [p for p in net.parameters() if id(p) not in head], "lr": cfg.lr},
+        {"params": net.head_parameters(), "lr": cfg.lr},
+    ]
+    proxies = list(criterion.parameters())
+    if proxies:
+        groups.append({"params": proxies, "lr": cfg.lr * cfg.proxy_lr_mult})
+    return groups
+
+
+def set_warmup(net: EmbeddingNet, epoch: int, cfg: TrainConfig) -> None:
+    """During warm-up epochs only the head and the proxies learn; the backbone is frozen."""
+    warming = epoch < cfg.warmup_epochs
+    for p in net.backbone.parameters():
+        p.requires_grad_(not warming)
+
+
+def build_trainer(
+    model_cfg: ModelConfig, cfg: TrainConfig, num_classes: int, world: World
+) -> Trainer:
+    from pactl.losses import build_loss
+
+    device = resolve_device(cfg.device)
+    if device.type == "cuda" and world.enabled:
+        device = torch.device("cuda", world.local_rank)
+    net, model_cfg = build_model(model_cfg, seed=cfg.seed)
+    net.to(device)
+    if cfg.channels_last:
+        net.to(memory_format=torch.channels_last)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed + 1)
+        criterion = build_loss(
+            cfg.loss, num_classes, model_cfg.embedding_dim, cfg.alpha, cfg.delta
+        ).to(device)
+    optimizer = torch.optim.AdamW(
+        param_groups(net, criterion, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay
+    )
+    scheduler = make_scheduler(optimizer, cfg)
+    model: nn.Module = net
+    if world.enabled and cfg.sync_bn:
+        # Each GPU sees its share of the batch: BatchNorm that trains should see all of it.
+        net.backbone = nn.SyncBatchNorm.convert_sync_batchnorm(net.backbone)
+    if world.enabled:
+        ids = [device.index] if device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(
+            net, device_ids=ids, find_unused_parameters=cfg.warmup_epochs > 0
+        )
+    if cfg.compile:
+        model = torch.compile(model)  # type: ignore[assignment]
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
+    return Trainer(
+        model, net, criterion, optimizer, scheduler, scaler, device, world, cfg, model_cfg
+    )
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, done: int = 0
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """Step decay, stepped once an epoch (describe_schedule says it in words). With `done`
+    epochs already run (a time budget's second plan), the rates are those this schedule would
+    have reached by now had it been the schedule from the start."""
+    step = max(cfg.lr_decay_step, 1)
+    if done:
+        # The scheduler steps once as it is made (to epoch `done`), decaying when `done` ends a
+        # period: the rates it starts from are those of epoch done - 1.
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * cfg.lr_decay_gamma ** ((done - 1) // step)
+    return torch.optim.lr_scheduler.StepLR(
+        optimizer, step_size=step, gamma=cfg.lr_decay_gamma, last_epoch=done - 1
+    )
+
+
+def on_device(t: Trainer, images: torch.Tensor) -> torch.Tensor:
+    """A batch of images on the training device, in the memory layout the network runs in."""
+    images = images.to(t.device, non_blocking=True)
+    if t.cfg.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
+def train_step(t: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One optimiser step on a batch already on the device; returns the (detached) loss."""
+    images = on_device(t, images)
+    with autocast(t.device, t.cfg.amp):
+        embeddings = t.model(images)  # (B, D) float32, unit rows
+    embeddings, labels = gather_batch(embeddings, labels, t.world)
+    loss = t.criterion(embeddings, labels)  # float32 inside, whatever the autocast
+    t.optimizer.zero_grad(set_to_none=True)
+    t.scaler.scale(loss).backward()
+    if t.cfg.grad_clip > 0:
+        t.scaler.unscale_(t.optimizer)
+        for params in (list(t.net.parameters()), list(t.criterion.parameters())):
+            if params:  # proxy-free losses have none
+                torch.nn.utils.clip_grad_value_(params, t.cfg.grad_clip)
+    t.scaler.step(t.optimizer)
+    t.scaler.update()
+    return loss.detach()
+
+
+def train_one_epoch(
+    t: Trainer, loader: torch.utils.data.DataLoader, epoch: int, reporter: Reporter
+) -> float:
+    """One pass over the training split; returns the mean loss."""
+    t.model.train()
+    set_warmup(t.net, epoch, t.cfg)
+    if t.cfg.freeze_bn:
+        freeze_batchnorm(t.net.backbone)
+    losses = []
+    failed: list[tuple[int, str]] = []
+    with reporter.bar(f"epoch {epoch + 1}/{t.cfg.epochs}", total=len(loader)) as advance:
+        for batch in loader:
+            failed.extend(batch.failed)
+            # (Nearly) every image failed to decode: the step is skipped, on every rank at once.
+            if min(share_sizes(len(batch.indices), t.world, t.device)) < 2:
+                advance()
+                continue
+            images = batch.images.to(t.device, non_blocking=True)
+            labels = batch.labels.to(t.device, non_blocking=True)
+            value = float(train_step(t, images, labels))
+            if not math.isfinite(value):
+                raise PactlError(
+                    f"the loss became {value} at epoch {epoch + 1}; lower --lr or use --amp none"
+                )
+            losses.append(value)
+            advance()
+    t.scheduler.step()
+    if failed:
+        reporter.log(f"epoch {epoch + 1}: skipped {len(failed)} unreadable images ({failed[0][1]})")
+    return float(np.mean(losses)) if losses else float("nan")
+
+
+def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) -> dict[str, float]:
+    """Test metrics, and validation ones prefixed with val_; the vectors of the split that
+    calibrates best.pt (validation, else test) kept in t.evaluated."""
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    val = len(splits.val) > 0
+    scores = evaluate(
+        t.net, splits.test, t.model_cfg, t.cfg, t.device, reporter, nmi, False,
+        keep=None if val else kept,
+    )  # fmt: skip
+    if val:
+        found = evaluate(
+            t.net, splits.val, t.model_cfg, t.cfg, t.device, reporter, False, False, keep=kept
+        )
+        scores.update({f"val_{k}": v for k, v in found.items() if k != "mean_cos"})
+    t.evaluated = kept[0] if kept else None
+    return scores

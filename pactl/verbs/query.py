@@ -1,0 +1,157 @@
+"""`pactl query`, the service and the API's Index.query: a bundle and its network opened once
+(QueryModel), query images embedded and searched in bounded chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pactl.config import ModelConfig
+from pactl.console import Reporter
+from pactl.errors import PactlError
+from pactl.results import QueryChunk
+from pactl.verbs.lineage import bundle_checkpoint, calibration_of
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from pactl.index import Bundle
+
+
+def find_bundle(runs: Path, name_one: str = "pass --index") -> Path:
+    """The most recently written bundle under `runs/` (or `./index`)."""
+    metas = [*runs.glob("*/index/meta.json"), *Path("index").glob("meta.json")]
+    if not metas:
+        raise PactlError(
+            f"no index bundle under {runs}/ or ./index: build one with `pactl index` or {name_one}"
+        )
+    return max(metas, key=lambda p: p.stat().st_mtime).parent
+
+
+@dataclass
+class QueryModel:
+    """A bundle and the network that made it, opened once for many queries."""
+
+    bundle: Bundle
+    model: nn.Module  # the bundle's network, on `device`
+    config: ModelConfig  # its preprocessing and sizes
+    device: torch.device
+
+
+def open_query_model(
+    bundle_dir: Path, checkpoint: Path | None, device_name: str, faiss_device: str = "auto"
+) -> QueryModel:
+    """Load the bundle (searching where `faiss_device` says) and its model once; refuse a
+    model other than the bundle's."""
+    from pactl.checkpoint import network_of
+    from pactl.index import load_bundle
+    from pactl.runtime import resolve_device
+
+    bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
+    model, network = network_of(
+        bundle.meta, checkpoint or bundle_checkpoint(bundle.meta, bundle_dir)
+    )
+    device = resolve_device(device_name)
+    model.to(device)
+    return QueryModel(bundle, model, network.config, device)
+
+
+def query_chunks(
+    bundle_dir: Path,
+    images: Any,
+    k: int,
+    checkpoint: Path | None,
+    exclude_self: bool,
+    device_name: str,
+    reporter: Reporter,
+    chunk: int = 512,
+    batch_size: int = 128,
+    know_labels: bool = False,
+    faiss_device: str = "auto",
+    qdrant: tuple[str, str] | None = None,
+    same_item: bool = False,
+    threshold: float | None = None,
+) -> Any:
+    """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number.
+    `qdrant`: (URL or folder, collection) searched instead of the bundle's index, the queries
+    embedded with the bundle's network all the same. With `same_item`, only hits at or above
+    the same-item threshold (`threshold`, else the bundle's calibrated one) are kept: a query
+    may then have none."""
+    opened = open_query_model(bundle_dir, checkpoint, device_name, faiss_device)
+    least = None
+    if same_item:
+        from pactl.calibrate import same_item_threshold
+
+        meta = opened.bundle.meta
+        least, how = same_item_threshold(calibration_of(meta), str(bundle_dir), threshold)
+        reporter.log(f"same item: {how}")
+    find = None
+    if qdrant is not None:
+        from pactl.interop.qdrant import QdrantSearch
+
+        find = QdrantSearch(*qdrant, int(opened.bundle.index.d), k)
+    try:
+        yield from answer_chunks(
+            opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels, find, least
+        )
+    finally:
+        if find is not None:
+            find.close()
+
+
+def answer_chunks(
+    opened: QueryModel,
+    images: Any,
+    k: int,
+    exclude_self: bool,
+    reporter: Reporter,
+    chunk: int = 512,
+    batch_size: int = 128,
+    know_labels: bool = False,
+    find: Any = None,
+    least: float | None = None,
+) -> Any:
+    """query_chunks over a bundle and model already open (open_query_model): `pactl query` and
+    pactl.api.Index.query embed and search query files by this one loop. `find(names, vectors,
+    own ids or None)` gives the hits instead of the bundle's index (a Qdrant collection). Hits
+    below `least` (a same-item threshold) are left out."""
+    from itertools import islice
+
+    from pactl.embed import embed_files, fastpath
+    from pactl.images import reason_of
+    from pactl.index.search import PathIndex, hits, search
+
+    bundle, model, model_cfg, device = opened.bundle, opened.model, opened.config, opened.device
+    if k > bundle.live_count:
+        reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
+    # Queries are found among the indexed items only when that is asked for.
+    wanted = exclude_self or know_labels
+    lookup = PathIndex(bundle.items, skip=bundle.deleted) if wanted else None
+    it = iter(images)
+    while batch := list(islice(it, chunk)):
+        if len(batch) >= fastpath.PREPARE_MIN_IMAGES:  # many queries: prepare the network, once
+            model = fastpath.inference_model(model, model_cfg, device)
+        done = embed_files(model, batch, model_cfg, device, reporter, batch_size=batch_size)
+        names = [str(batch[i]) for i in done.rows]
+        own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
+        if find is None:
+            scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
+            found = hits(bundle, names, scores, ids)
+        else:
+            found = find(names, done.vectors, own if exclude_self else None)
+        failed = [(str(batch[i]), reason_of(batch[i], why)) for i, why in done.failed]
+        labels = [_item_label(bundle, int(i)) for i in own]
+        if least is not None:
+            found = [[h for h in row if h.score >= least] for row in found]
+        yield QueryChunk(names, found, failed, labels)
+
+
+def _item_label(bundle: Any, item_id: int) -> str | None:
+    if item_id < 0:
+        return None
+    return str(bundle.items.labels[bundle.items.positions(np.array([item_id]))[0]])
