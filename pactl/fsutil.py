@@ -324,7 +324,7 @@ def _generation(folder: Path, managed: Collection[str], links: bool) -> Iterator
             _switch(folder, gen.name)
             crash_point()
             if links:
-                _link_names(folder, gen, managed)
+                link_names(folder, gen, managed)
             remove_stale(folder)
         except BaseException as e:
             if _pointer(folder) != gen.name:
@@ -384,7 +384,7 @@ def _switch(folder: Path, name: str) -> None:
     _sync_dir(folder)
 
 
-def _link_names(folder: Path, gen: Path, managed: Collection[str]) -> None:
+def link_names(folder: Path, gen: Path, managed: Collection[str]) -> None:
     """Visible names: a link `name -> .pactl-current/name` per file of the generation; managed
     names it lacks (files of an older layout, or of an earlier kind of output) go."""
     names = {e.name for e in os.scandir(gen) if not e.name.startswith(".")}

@@ -229,7 +229,7 @@ def test_add_to_an_on_disk_bundle(
     def broken(*args: Any) -> None:
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr("pactl.index.ondisk._merge_lists", broken)
+    monkeypatch.setattr("pactl.index.ondisk.merge_lists", broken)
     with pytest.raises(RuntimeError):
         add_to_bundle(out, base[first:], rows_for(new_ids), meta_check)
     assert load_bundle(out).index.ntotal == first  # a failed add leaves the bundle as it was

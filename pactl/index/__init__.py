@@ -43,13 +43,6 @@ from pactl.index.bundle import (
     REMOVED_FILE,
     VECTORS_FORMAT,
     Bundle,
-    add_to_bundle,
-    bundle_count,
-    check_folder,
-    compact_bundle,
-    delete_items,
-    load_bundle,
-    rebuild_facts,
     save_bundle,
     write_bundle,
 )
@@ -62,6 +55,8 @@ from pactl.index.ondisk import (
     empty_like,
     wants_on_disk,
 )
+from pactl.index.reading import bundle_count, check_folder, load_bundle, rebuild_facts
+from pactl.index.upkeep import add_to_bundle, compact_bundle, delete_items
 from pactl.index.verify import verify_bundle
 from pactl.items import ITEMS_HEADER, ItemTable
 

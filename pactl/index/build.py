@@ -138,7 +138,7 @@ def build_index(
     Returns the index, search parameters set, and the tuning record that goes into meta.json:
     factory, search_params, recall_at_10 (measured against exact search), ntotal, and more.
     """
-    x = _as_matrix(vectors, "vectors")
+    x = as_matrix(vectors, "vectors")
     item_ids = np.arange(len(x), dtype=np.int64) if ids is None else np.asarray(ids, np.int64)
     return build_parts([(x, item_ids)], config, reporter, seed)
 
@@ -173,7 +173,7 @@ def build_parts(
 def check_parts(parts: Sequence[Part]) -> tuple[int, int]:
     """(total rows, dimension) of the parts, which must hold float32 vectors of one dimension
     and distinct ids, one per vector."""
-    dims = {_as_matrix(vectors, "vectors").shape[1] for vectors, _ in parts}
+    dims = {as_matrix(vectors, "vectors").shape[1] for vectors, _ in parts}
     n = _count(parts)
     if n == 0:
         raise PactlError("there are no vectors to index")
@@ -223,7 +223,9 @@ def new_index(factory: str, dim: int) -> Any:
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
-        raise PactlError(f"FAISS cannot make {factory!r} for dimension {dim}: {_why(e)}") from e
+        raise PactlError(
+            f"FAISS cannot make {factory!r} for dimension {dim}: {faiss_reason(e)}"
+        ) from e
     has_ids = faiss.try_extract_index_ivf(index) is not None or isinstance(index, faiss.IndexIDMap)
     return index if has_ids else faiss.IndexIDMap2(index)
 
@@ -262,7 +264,7 @@ def _train(
     try:
         index.train(sample)
     except RuntimeError as e:
-        raise PactlError(f"training {name} failed: {_why(e)}") from e
+        raise PactlError(f"training {name} failed: {faiss_reason(e)}") from e
     finally:
         if on_gpus is not None:
             on_gpus.clustering_index = None  # not saved; the GPU copy goes with `clustering`
@@ -534,7 +536,7 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
     return float(hit.sum() / max(int(valid.sum()), 1))
 
 
-def _as_matrix(values: np.ndarray, what: str) -> np.ndarray:
+def as_matrix(values: np.ndarray, what: str) -> np.ndarray:
     if not isinstance(values, np.ndarray) or values.ndim != 2:
         raise PactlError(f"{what} must be a 2-D float32 array (rows x dimension)")
     if values.dtype != np.float32:
@@ -542,7 +544,7 @@ def _as_matrix(values: np.ndarray, what: str) -> np.ndarray:
     return values
 
 
-def _why(error: Exception) -> str:
+def faiss_reason(error: Exception) -> str:
     """The useful tail of a FAISS C++ exception message."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     text = re.sub(r"^Error in .*? at \S+:\d+: ", "", text)  # the C++ function and source line

@@ -92,7 +92,7 @@ def build_ondisk_index(
         )
         # IO_FLAG_MMAP: the shards' lists are read from their files as the merge needs them
         shards = [faiss.read_index(str(f), faiss.IO_FLAG_MMAP) for f in files]
-        _merge_lists(index, shards, bundle_dir / PENDING_IVFDATA)
+        merge_lists(index, shards, bundle_dir / PENDING_IVFDATA)
         del shards
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -132,7 +132,7 @@ def _fill_shard(trained: Any, part: Part, path: Path, reporter: Reporter) -> Pat
     return path
 
 
-def _merge_lists(target: Any, sources: Sequence[Any], path: Path) -> None:
+def merge_lists(target: Any, sources: Sequence[Any], path: Path) -> None:
     """Give the empty `target` the inverted lists of all `sources` (same quantiser and codec),
     concatenated list by list into one file of on-disk lists at `path`."""
     ivf = faiss.extract_index_ivf(target)
@@ -141,7 +141,7 @@ def _merge_lists(target: Any, sources: Sequence[Any], path: Path) -> None:
         lists.push_back(faiss.extract_index_ivf(source).invlists)
     path.unlink(missing_ok=True)
     merged: Any = faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(path))
-    with _quiet_c_stdout():
+    with quiet_c_stdout():
         ntotal = merged.merge_from_multiple(lists.data(), lists.size(), False, False)
     ivf.replace_invlists(merged, True)
     merged.this.disown()  # the index frees the lists now
@@ -167,7 +167,7 @@ def empty_like(index: Any) -> Any:
     return copy
 
 
-def _add_on_disk(
+def add_on_disk(
     index: Any, vectors: np.ndarray, ids: np.ndarray, bundle_dir: Path, reporter: Reporter
 ) -> Any:
     """A new index holding the lists of the on-disk `index` and `vectors`, coded with the same
@@ -176,12 +176,12 @@ def _add_on_disk(
     fresh = empty_like(index)
     add_vectors(fresh, vectors, ids, reporter)
     merged = empty_like(index)
-    _merge_lists(merged, [index, fresh], bundle_dir / PENDING_IVFDATA)
+    merge_lists(merged, [index, fresh], bundle_dir / PENDING_IVFDATA)
     return merged
 
 
 @contextlib.contextmanager
-def _quiet_c_stdout() -> Iterator[None]:
+def quiet_c_stdout() -> Iterator[None]:
     """Discard what FAISS printf()s while it sizes or re-points on-disk lists ("resizing ...",
     "IO_FLAG_ONDISK_SAME_DIR: updating ..."): on C stdout those lines would land among the
     results of `pactl query ... > hits.csv`. Errors still arrive as exceptions."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from pactl import checksums
 from pactl.console import QUIET, Reporter
 from pactl.fsutil import read_current
-from pactl.index.bundle import _read_meta, load_bundle
+from pactl.index.reading import load_bundle, read_meta
 
 FIX = "rebuild the bundle with `pactl index`"
 
@@ -22,7 +22,7 @@ def verify_bundle(path: Path, reporter: Reporter | None = None) -> checksums.Che
     log = reporter or QUIET
 
     def read(gen: Path) -> checksums.Checked | None:
-        digests = checksums.recorded(_read_meta(path, gen))
+        digests = checksums.recorded(read_meta(path, gen))
         if digests is None:
             return None
         total = sum((gen / name).stat().st_size for name in digests if (gen / name).is_file())
