@@ -20,16 +20,14 @@ import numpy as np
 import pytest
 from conftest import fill
 
+from pactl.archives import DiskError, UnsafeArchive, extract
 from pactl.console import QUIET, Advance, Reporter
 from pactl.download import (
     MIRROR_ENV,
     Archive,
     ChecksumError,
-    DiskError,
     FetchFailed,
     FetchOptions,
-    UnsafeArchive,
-    extract,
     failure_summary,
     fetch,
     mirror_urls,

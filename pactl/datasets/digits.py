@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from pactl.archives import writing_to
 from pactl.console import Reporter
 from pactl.datasets.manifest import write_manifest
-from pactl.download import writing_to
 
 
 def prepare_digits(target: Path, reporter: Reporter) -> None:
