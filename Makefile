@@ -27,6 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check pactl tests bench
 	$(BIN)/mypy pactl
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_layout.py  # room sizes, the client, one declaration per setting
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix pactl tests bench

@@ -12,10 +12,10 @@ opt.zero_grad(), loss.backward(), clip_grad_value_(10) on the model's and the cr
 parameters, and opt.step() with AdamW over three groups (backbone at lr, embedding at lr,
 proxies at lr x 100). The baseline below is an independent re-implementation of that step.
 
-The pactl side is built by pactl.training.loop.build_trainer (pactl.model.build_model,
-pactl.losses.build_loss, pactl.training.loop.param_groups, AdamW, GradScaler) with pactl's default
-TrainConfig (channels_last on, unless --nchw) and runs pactl.training.loop.train_step on each batch, as
-pactl.training.loop.train_one_epoch does. Both start from the same weights and proxies, see
+The pactl side is built by pactl.training.trainer.build_trainer (pactl.model.build_model,
+pactl.losses.build_loss, param_groups, AdamW, GradScaler) with pactl's default TrainConfig
+(channels_last on, unless --nchw) and runs pactl.training.trainer.train_step on each batch, as
+train_one_epoch does. Both start from the same weights and proxies, see
 the same batch and use the same threads; BatchNorm is frozen (eval mode, parameters trained),
 the steady state after the warm-up epoch of the Cars recipe. The sides are timed interleaved,
 in a shuffled order each round, so a busy machine slows them alike; the figures are medians.
@@ -208,7 +208,7 @@ def build_pactl(args: argparse.Namespace) -> Trainer:
 
 
 def pactl_step(t: Trainer, batch: Batch) -> float:
-    """What pactl.training.loop.train_one_epoch does with each batch: to the device, train_step."""
+    """What train_one_epoch does with each batch: to the device, train_step."""
     images = batch.images.to(t.device, non_blocking=True)
     labels = batch.labels.to(t.device, non_blocking=True)
     value = float(train_step(t, images, labels))
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | ---: | ---: | ---: | ---: |")
     labels = {
         "official": "official loop (re-implemented)",
-        "pactl": "pactl.training.loop.train_step",
+        "pactl": "pactl.training.trainer.train_step",
     }
     for name in ("official", "pactl"):
         print(

@@ -32,9 +32,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+# --amp NAME: the dtype the forward pass autocasts to (None: float32 throughout).
+AMP: dict[str, torch.dtype | None] = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def autocast(device: torch.device, amp: str) -> Any:
     """bf16/fp16 autocast on the model's forward pass, or nothing for amp='none'."""
-    if amp == "none":
+    dtype = AMP[amp]
+    if dtype is None:
         return nullcontext()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
     return torch.autocast(device_type=device.type, dtype=dtype)

@@ -26,7 +26,7 @@ from pactl.training.epoch_records import (
     tensorboard_writer,
     write_run_files,
 )
-from pactl.training.samplers import RankSlice
+from pactl.training.samplers import SAMPLERS, RankSlice
 from pactl.training.splits import Splits, check_splits, class_names, readable_rows
 from pactl.training.start import evaluate_start
 from pactl.training.timing import fit_to_budget, over_budget, refit_to_budget
@@ -52,15 +52,9 @@ def train_loader(
     manifest: Manifest, labels: np.ndarray, t: Trainer, epoch: int
 ) -> torch.utils.data.DataLoader:
     """The epoch's loader; its order and augmentation depend only on (seed, epoch)."""
-    from pactl.training.samplers import MPerClassSampler
-
     cfg = t.cfg
     generator = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch)
-    base: torch.utils.data.Sampler[int]
-    if cfg.sampler == "m_per_class":
-        base = MPerClassSampler(labels, cfg.m_per_class, cfg.batch_size, generator)
-    else:
-        base = torch.utils.data.RandomSampler(range(len(labels)), generator=generator)
+    base = SAMPLERS[cfg.sampler](labels, cfg, generator)
     torch.manual_seed(cfg.seed * 100_003 + epoch + t.world.rank)  # augmentation in-process
     worker_gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 101 + t.world.rank)
     return loader_for(

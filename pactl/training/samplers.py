@@ -4,11 +4,12 @@ batch (MPerClassSampler), and each process's share of a global batch (RankSlice)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
+from pactl.config import TrainConfig
 from pactl.distributed import World
 from pactl.errors import PactlError
 
@@ -102,3 +103,26 @@ class RankSlice(torch.utils.data.Sampler[int]):
 
     def __len__(self) -> int:
         return (len(self.base) // self.batch_size) * self.share  # type: ignore[arg-type]
+
+
+def shuffled(
+    labels: np.ndarray, cfg: TrainConfig, generator: torch.Generator
+) -> torch.utils.data.Sampler[int]:
+    """Every training image once an epoch, in a shuffled order."""
+    return torch.utils.data.RandomSampler(range(len(labels)), generator=generator)
+
+
+def m_per_class(
+    labels: np.ndarray, cfg: TrainConfig, generator: torch.Generator
+) -> torch.utils.data.Sampler[int]:
+    """Batches of cfg.m_per_class images from each of batch_size / m classes."""
+    return MPerClassSampler(labels, cfg.m_per_class, cfg.batch_size, generator)
+
+
+# --sampler NAME: the epoch's order of the training images (its names are TrainConfig's choices).
+SAMPLERS: dict[
+    str, Callable[[np.ndarray, TrainConfig, torch.Generator], torch.utils.data.Sampler[int]]
+] = {
+    "shuffle": shuffled,
+    "m_per_class": m_per_class,
+}
