@@ -2,7 +2,7 @@
 
 The plan is made after epoch 0 (the evaluation before the first step), from what this run
 measured: the seconds spent so far (header checks, building the network, epoch 0), one timed
-training step with its decoding (train.estimate_epoch) and epoch 0's evaluation time. It keeps
+training step with its decoding (pactl.training.timing.estimate_epoch) and epoch 0's evaluation time. It keeps
 one evaluation's time in reserve for the end of the run (curves, the calibration of best.pt) and
 fits as many epochs as the rest holds. The recipe's shape is kept: the learning rate decays at
 the same fractions of the run (a recipe of 8 epochs decaying every 4 decays at half of the

@@ -1,7 +1,7 @@
 """provenance.json: what a run was made with, so that its numbers can be trusted and redone.
 
 Package versions, CUDA and driver, the machine's devices, the command line, the full configs,
-the seed, and fingerprints of the starting weights and of the data. Written by train.fit()
+the seed, and fingerprints of the starting weights and of the data. Written by fit()
 beside config.json in every run folder (one file per run, rewritten on resume).
 """
 
