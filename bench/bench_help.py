@@ -1,46 +1,70 @@
-"""`pactl --help` start-up time: target under 0.3 s, reported beside a bare interpreter start.
+"""`pactl --help` start-up time (target under 0.3 s) and `import pactl.serve.client` (the
+`--server` client, standard library only), beside a bare interpreter start.
 
-    python bench/bench_help.py [--runs 20]
+    python bench/bench_help.py [--runs 20] [--before DIR]
 
-Each figure is the median wall time of whole processes, started one after another; the bare
-`python -c pass` start is printed beside it as the floor the machine allows.
+Each figure is the median wall time of whole processes; the commands take turns, one run of
+each in every round, so a machine that gets busier slows them alike. The bare `python -c pass`
+start is the floor the machine allows. `--before DIR`: the same commands on another checkout
+of pactl (its folder holding pactl/, e.g. a `git worktree` of an older commit), in the same
+rounds, for a before/after ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 TARGET_S = 0.3
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "`python -c pass`": ["-c", "pass"],
+    "`pactl --help`": ["-m", "pactl", "--help"],
+    "`import pactl.serve.client`": ["-c", "import pactl.serve.client"],
+}
 
 
-def median_seconds(command: list[str], runs: int) -> float:
-    subprocess.run(command, capture_output=True, check=True)  # warm the file cache
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(command, capture_output=True, check=True)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def timed(args: list[str], tree: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *args], capture_output=True, check=True, cwd=tree, env=env)
+    return time.perf_counter() - start
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--before", type=Path, help="another checkout to time beside this one")
     args = parser.parse_args()
-    bare = median_seconds([sys.executable, "-c", "pass"], args.runs)
-    help_ = median_seconds([sys.executable, "-m", "pactl", "--help"], args.runs)
-    print("| command | median wall seconds |")
-    print("| --- | ---: |")
-    print(f"| `python -c pass` | {bare:.3f} |")
-    print(f"| `pactl --help` | {help_:.3f} |")
+    trees = {"now": ROOT, **({"before": args.before.resolve()} if args.before else {})}
+    times: dict[tuple[str, str], list[float]] = {}
+    for tree in trees.values():  # warm the file cache
+        for command in COMMANDS.values():
+            timed(command, tree)
+    for _ in range(args.runs):
+        for side, tree in trees.items():
+            for name, command in COMMANDS.items():
+                times.setdefault((side, name), []).append(timed(command, tree))
+    median = {key: statistics.median(values) for key, values in times.items()}
+    print("| command | " + " | ".join(f"{side} (median s)" for side in trees) + " |")
+    print("| --- |" + " ---: |" * len(trees))
+    for name in COMMANDS:
+        print(f"| {name} | " + " | ".join(f"{median[(s, name)]:.3f}" for s in trees) + " |")
+    help_now = median[("now", "`pactl --help`")]
+    bare = median[("now", "`python -c pass`")]
     print(
-        f"\npactl --help / bare interpreter: {help_ / bare:.1f}x; "
-        f"target {TARGET_S} s {'met' if help_ < TARGET_S else 'MISSED'}"
+        f"\npactl --help / bare interpreter: {help_now / bare:.1f}x; "
+        f"target {TARGET_S} s {'met' if help_now < TARGET_S else 'MISSED'}"
     )
+    if "before" in trees:
+        for name in list(COMMANDS)[1:]:
+            ratio = median[("before", name)] / median[("now", name)]
+            print(f"{name}: before / now {ratio:.2f}x")
     return 0
 
 
