@@ -73,7 +73,7 @@ def gpu_decoding(device: torch.device, asked: bool) -> bool:
 
 class GpuJpegDecoder:
     """A batch's JPEG bytes -> normalised (k, 3, S, S) float tensors on `device`, decoded in one
-    nvJPEG call and resized there, with the test transform's steps (pactl.images._test_steps).
+    nvJPEG call and resized there, with the test transform's steps (pactl.transforms).
     A file the batched call cannot decode is tried alone, and then by PIL on the CPU
     (`dataset.decoded`), so a failure's reason is PIL's, as without GPU decoding."""
 
