@@ -376,9 +376,8 @@ def stage_seconds(
     from pactl.console import QUIET
     from pactl.embed import embed_files
     from pactl.index import ITEMS_FILE
-    from pactl.index.search import hits, search
+    from pactl.index.search import PathIndex, hits, search
     from pactl.output import HitWriter
-    from pactl.verbs.index import _path_ids
     from pactl.verbs.query import open_query_model
 
     t0 = time.perf_counter()
@@ -414,7 +413,7 @@ def stage_seconds(
         else "the index has no inverted lists: every query reads all of it"
     )
     before, t0 = _rss_kb(), time.perf_counter()
-    position = _path_ids(bundle)
+    position = PathIndex(bundle.items, skip=bundle.deleted)  # what --exclude-self builds
     got["path -> id map (--exclude-self)"] = time.perf_counter() - t0
     got["path -> id map MiB"] = (_rss_kb() - before) / 1024
     del position
