@@ -37,6 +37,7 @@ from pactl.rules import (
     flag,
     integer,
     integers,
+    label_noise,
     number,
     numbers,
     optional,
@@ -169,6 +170,19 @@ class TrainConfig:
     m_per_class: int = setting(
         4, integer(1, MAX_BATCH_SIZE), "Images per class (m_per_class).", option="--m"
     )
+    label_noise: str = setting(
+        "0", label_noise(),
+        "Corrupt this share of the training labels, seeded by --seed, as PRISM's protocol does: "
+        "0.2 or 0.2:symmetric (each picked image gets another train class, drawn uniformly), "
+        "0.5:small_cluster (a class cut into small groups, each moved whole to another class). "
+        "Validation and test labels are never changed; the run lists the changes in noise.csv.",
+    )  # fmt: skip  # RATE in [0, 1) (pactl.training.noise)
+    drop_noisy: float = setting(
+        0.0, number(0, 1, below=True),
+        "Keep this share of each batch out of the loss from the second epoch on: the images "
+        "whose label the proxies (or class centres) and their nearest training images doubt "
+        "most, as PRISM does (0: off).",
+    )  # fmt: skip  # pactl.training.robust
     eval_ks: tuple[int, ...] = setting(
         (1, 2, 4, 8), integers(32, 1, MAX_K), "Recall@K reported each epoch.", cli=False
     )

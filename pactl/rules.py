@@ -109,6 +109,32 @@ def device() -> Rule:
     )
 
 
+NOISE_KINDS = ("symmetric", "small_cluster")  # --label-noise RATE[:KIND] (pactl.training.noise)
+
+
+def label_noise_parts(value: Any) -> tuple[float, str] | None:
+    """`0.2` or `0.5:small_cluster` as (rate, kind), the kind symmetric when left out; None when
+    `value` is no such text or its rate is outside [0, 1)."""
+    if not isinstance(value, str):
+        return None
+    rate_text, _, kind = value.strip().partition(":")
+    kind = kind.strip() or NOISE_KINDS[0]
+    try:
+        rate = float(rate_text)
+    except ValueError:
+        return None
+    if kind not in NOISE_KINDS or not (math.isfinite(rate) and 0 <= rate < 1):
+        return None
+    return rate, kind
+
+
+def label_noise() -> Rule:
+    return Rule(
+        f"RATE or RATE:KIND, RATE a number from 0 and below 1, KIND {' or '.join(NOISE_KINDS)}",
+        lambda v: label_noise_parts(v) is not None,
+    )
+
+
 def shown(value: Any) -> str:
     """A value as a message quotes it: its repr, cut at 40 characters."""
     text = repr(value)

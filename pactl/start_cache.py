@@ -70,7 +70,7 @@ TRAINING_ONLY = frozenset(
         "epochs", "batch_size", "lr", "weight_decay", "proxy_lr_mult", "alpha", "delta", "loss",
         "warmup_epochs", "lr_decay_step", "lr_decay_gamma", "freeze_bn", "grad_clip", "augment",
         "crop_scale", "sampler", "m_per_class", "eval_every", "selection", "precision", "workers",
-        "compile", "tensorboard", "time_budget",
+        "compile", "tensorboard", "time_budget", "label_noise", "drop_noisy",
     }
 )  # fmt: skip
 

@@ -127,6 +127,12 @@ def train(
     ] = None,
     sampler: Annotated[Sampler | None, typer.Option(help=help_of("sampler"))] = None,
     m: Annotated[int | None, typer.Option(min=1, help=help_of("m_per_class"))] = None,
+    label_noise: Annotated[
+        str | None, typer.Option(metavar="RATE[:KIND]", help=help_of("label_noise"))
+    ] = None,
+    drop_noisy: Annotated[
+        float | None, typer.Option(metavar="RATE", help=help_of("drop_noisy"))
+    ] = None,
     seed: Annotated[int | None, typer.Option(help=help_of("seed"))] = None,
     precision: Annotated[
         float | None,

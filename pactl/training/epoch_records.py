@@ -20,6 +20,7 @@ from pactl.datasets import Manifest
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text
 from pactl.runs import append_metrics, run_config, selection_score, writing_in
+from pactl.training.noise import noise_record
 from pactl.training.trainer import Best, RunFolder, RunState, Trainer
 
 
@@ -40,6 +41,9 @@ def write_provenance(
         manifest=manifest,
         world_size=t.world.size,
     )
+    noise = noise_record(run_dir)
+    if noise is not None:  # the labels trained on are not the data's: say which changed
+        here["label_noise"] = {"setting": t.cfg.label_noise, **noise}
     if resume and path.is_file():
         try:
             first = json.loads(path.read_bytes())

@@ -26,6 +26,8 @@ from pactl.training.epoch_records import (
     tensorboard_writer,
     write_run_files,
 )
+from pactl.training.noise import with_label_noise
+from pactl.training.robust import label_doubt
 from pactl.training.samplers import SAMPLERS, RankSlice
 from pactl.training.splits import Splits, check_splits, class_names, readable_rows
 from pactl.training.start import evaluate_start
@@ -117,8 +119,14 @@ def fit(
     labels = np.searchsorted(classes_present, splits.train.labels)  # 0..C-1 for the proxies
     columns = metric_columns(cfg, with_val=len(splits.val) > 0)
     classes = class_names(splits.train, classes_present)
+    labels = with_label_noise(
+        labels, splits.train.paths, classes, cfg.label_noise, cfg.seed, run_dir, reporter,
+        world.is_main,
+    )  # fmt: skip
     run = RunFolder(run_dir, source, readable, columns, classes, resume)
     t = build_trainer(model_cfg, cfg, len(classes_present), world)
+    dim = t.model_cfg.dimension or t.model_cfg.embedding_dim
+    t.doubt = label_doubt(cfg.drop_noisy, labels, len(classes_present), dim, t.device)
     if cfg.tensorboard and world.is_main:
         t.writer = tensorboard_writer(run_dir)
     start = restore_state(t, run_dir) if resume else 0

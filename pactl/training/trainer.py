@@ -89,6 +89,7 @@ class Trainer:
     evaluated: tuple[np.ndarray, np.ndarray] | None = None
     best_vectors: tuple[np.ndarray, np.ndarray] | None = None
     state: RunState = field(default_factory=RunState)
+    doubt: Any = None  # --drop-noisy's memory (pactl.training.robust.LabelDoubt)
 
 
 def param_groups(net: EmbeddingNet, criterion: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -174,11 +175,16 @@ def on_device(t: Trainer, images: torch.Tensor) -> torch.Tensor:
     return images
 
 
-def train_step(t: Trainer, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """One optimiser step on a batch already on the device; returns the (detached) loss."""
+def train_step(
+    t: Trainer, images: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One optimiser step on a batch already on the device; returns the (detached) loss.
+    `indices`: the images' positions in the train split, which --drop-noisy remembers them by."""
     images = on_device(t, images)
     with autocast(t.device, t.cfg.amp):
         embeddings = t.model(images)  # (B, D) float32, unit rows
+    if t.doubt is not None and indices is not None:  # the most doubted labels leave the loss
+        embeddings, labels = t.doubt.select(embeddings, labels, indices, t.criterion)
     embeddings, labels = gather_batch(embeddings, labels, t.world)
     loss = t.criterion(embeddings, labels)  # float32 inside, whatever the autocast
     t.optimizer.zero_grad(set_to_none=True)
@@ -199,6 +205,8 @@ def train_one_epoch(
     """One pass over the training split; returns the mean loss."""
     t.model.train()
     set_warmup(t.net, epoch, t.cfg)
+    if t.doubt is not None:
+        t.doubt.epoch = epoch
     if t.cfg.freeze_bn:
         freeze_batchnorm(t.net.backbone)
     losses = []
@@ -212,7 +220,7 @@ def train_one_epoch(
                 continue
             images = batch.images.to(t.device, non_blocking=True)
             labels = batch.labels.to(t.device, non_blocking=True)
-            value = float(train_step(t, images, labels))
+            value = float(train_step(t, images, labels, batch.indices))
             if not math.isfinite(value):
                 raise PactlError(
                     f"the loss became {value} at epoch {epoch + 1}; lower --lr or use --amp none"
