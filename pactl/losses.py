@@ -3,13 +3,19 @@
 Every loss here is a module with ``forward(embeddings, labels) -> scalar``. The math runs in at
 least float32 with autocast switched off inside, because exp(32 * 1.1) overflows half precision;
 inputs are cast, parameters are never changed. Modules that learn proxies keep them in a
-parameter named ``proxies`` so the trainer can give them their own learning rate.
+parameter named ``proxies``, which optimizer_groups gives their own learning rate.
+
+The modules are public (`from pactl import ProxyAnchorLoss`, docs/api.md): each takes the
+arguments of pytorch-metric-learning's class of the same name, with its defaults, and computes
+what that class computes (tests/test_losses_pml.py holds them to it). `pactl train` builds them
+through LOSSES with its own settings; TripletLoss and CosineContrastiveLoss are the triplet and
+contrastive variants it trains with.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -218,51 +224,61 @@ def _init_proxies(proxies: Tensor, generator: torch.Generator | None) -> None:
 
 
 class ProxyAnchorLoss(nn.Module):
-    """Owns one learnable proxy per class and applies :func:`proxy_anchor_loss`."""
+    """Proxy-Anchor loss (:func:`proxy_anchor_loss`) with one learnable proxy per class.
+
+    `margin` is the paper's delta, `alpha` its scale; the proxies start Kaiming-normal over
+    fan-out, as the paper's code and pytorch-metric-learning start them. Called as
+    ``loss(embeddings, labels)``: embeddings (B, embedding_size), labels (B,) in [0, num_classes).
+    """
 
     def __init__(
         self,
         num_classes: int,
-        dim: int,
+        embedding_size: int,
+        margin: float = 0.1,
         alpha: float = 32.0,
-        delta: float = 0.1,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
+        self.margin = margin
         self.alpha = alpha
-        self.delta = delta
-        self.proxies = nn.Parameter(torch.empty(num_classes, dim))  # (C, D)
+        self.proxies = nn.Parameter(torch.empty(num_classes, embedding_size))  # (C, D)
         self.reset_parameters(generator)
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         _init_proxies(self.proxies.data, generator)
 
     def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
-        return proxy_anchor_loss(embeddings, labels, self.proxies, self.alpha, self.delta)
+        return proxy_anchor_loss(embeddings, labels, self.proxies, self.alpha, self.margin)
 
     def extra_repr(self) -> str:
-        num_classes, dim = self.proxies.shape
-        return f"num_classes={num_classes}, dim={dim}, alpha={self.alpha}, delta={self.delta}"
+        num_classes, size = self.proxies.shape
+        return (
+            f"num_classes={num_classes}, embedding_size={size}, margin={self.margin}, "
+            f"alpha={self.alpha}"
+        )
 
 
 class ProxyNCALoss(nn.Module):
     """Proxy-NCA (Movshovitz-Attias et al., ICCV 2017) in the form the Proxy-Anchor paper compares.
 
-    Cross-entropy of a softmax over -scale * ||x - p||^2 for all C proxies, with x and p
-    L2-normalised (so ||x - p||^2 = 2 - 2 cos). The positive proxy is in the denominator, as in
-    the comparison's implementation; the 2017 paper leaves it out.
+    Cross-entropy of a softmax over -softmax_scale * ||x - p||^2 for all C proxies, with x and
+    p L2-normalised (so ||x - p||^2 = 2 - 2 cos). The positive proxy is in the denominator, as in
+    the comparison's implementation and pytorch-metric-learning's; the 2017 paper leaves it out.
+    pactl train's proxy_nca uses --alpha as the scale (32 in the Proxy-Anchor paper's
+    comparison). The proxies start Kaiming-normal: the same directions as a plain normal start.
     """
 
     def __init__(
         self,
         num_classes: int,
-        dim: int,
-        scale: float = 32.0,
+        embedding_size: int,
+        softmax_scale: float = 1.0,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        self.scale = scale
-        self.proxies = nn.Parameter(torch.empty(num_classes, dim))  # (C, D)
+        self.softmax_scale = softmax_scale
+        self.proxies = nn.Parameter(torch.empty(num_classes, embedding_size))  # (C, D)
         self.reset_parameters(generator)
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -272,7 +288,7 @@ class ProxyNCALoss(nn.Module):
         _check_batch(embeddings, labels)
         with _no_autocast(embeddings.device):
             cos = _cosine_to_proxies(embeddings, self.proxies)  # (B, C)
-            logits = (2.0 - 2.0 * cos) * -self.scale  # (B, C) scaled negative squared distances
+            logits = (2.0 - 2.0 * cos) * -self.softmax_scale  # (B, C) scaled -distance^2
             return F.cross_entropy(logits, labels.long())
 
 
@@ -284,10 +300,14 @@ def _pair_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class MultiSimilarityLoss(nn.Module):
-    """Multi-Similarity loss with its pair mining (Wang et al., CVPR 2019), on cosine similarity.
+    """Multi-Similarity loss (Wang et al., CVPR 2019) on cosine similarity, with the paper's pair
+    mining when `epsilon` is given (pactl train's multi_similarity: 0.1).
 
     Mining (on detached similarities): a negative pair is kept if S_ij + epsilon > the anchor's
     smallest positive similarity, a positive pair if S_ik - epsilon < its largest negative one.
+    Without `epsilon` every pair counts: pytorch-metric-learning's MultiSimilarityLoss alone;
+    with it, that loss given its MultiSimilarityMiner(epsilon)'s pairs, except where mining
+    leaves at most one pair of each kind: there pml's loss is 0, and this one counts them.
 
         loss = mean_i [ 1/alpha log(1 + sum_{kept pos} exp(-alpha (S_ik - base)))
                       + 1/beta  log(1 + sum_{kept neg} exp( beta  (S_ij - base))) ]
@@ -298,7 +318,11 @@ class MultiSimilarityLoss(nn.Module):
     """
 
     def __init__(
-        self, alpha: float = 2.0, beta: float = 50.0, base: float = 0.5, epsilon: float = 0.1
+        self,
+        alpha: float = 2.0,
+        beta: float = 50.0,
+        base: float = 0.5,
+        epsilon: float | None = None,
     ) -> None:
         super().__init__()
         self.alpha = alpha
@@ -310,15 +334,19 @@ class MultiSimilarityLoss(nn.Module):
         _check_batch(embeddings, labels)
         with _no_autocast(embeddings.device):
             sim = _cosine_within_batch(embeddings)  # (B, B)
-            pos, neg = _pair_masks(labels)
-            frozen = sim.detach()
-            hardest_pos = frozen.masked_fill(~pos, float("inf")).amin(dim=1, keepdim=True)
-            hardest_neg = frozen.masked_fill(~neg, float("-inf")).amax(dim=1, keepdim=True)
-            keep_neg = neg & (frozen + self.epsilon > hardest_pos)
-            keep_pos = pos & (frozen - self.epsilon < hardest_neg)
+            keep_pos, keep_neg = _pair_masks(labels)
+            if self.epsilon is not None:
+                keep_pos, keep_neg = _mined_pairs(sim.detach(), keep_pos, keep_neg, self.epsilon)
             pos_loss = _log1p_sum_exp(-self.alpha * (sim - self.base), keep_pos, 1) / self.alpha
             neg_loss = _log1p_sum_exp(self.beta * (sim - self.base), keep_neg, 1) / self.beta
             return (pos_loss + neg_loss).mean()
+
+
+def _mined_pairs(sim: Tensor, pos: Tensor, neg: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """The Multi-Similarity paper's informative pairs among the (B, B) masks pos and neg."""
+    hardest_pos = sim.masked_fill(~pos, float("inf")).amin(dim=1, keepdim=True)
+    hardest_neg = sim.masked_fill(~neg, float("-inf")).amax(dim=1, keepdim=True)
+    return pos & (sim - epsilon < hardest_neg), neg & (sim + epsilon > hardest_pos)
 
 
 class TripletLoss(nn.Module):
@@ -326,7 +354,9 @@ class TripletLoss(nn.Module):
 
     For each anchor: the positive with the lowest similarity and the negative with the highest,
     loss_i = max(0, S_an - S_ap + margin). The mean runs over anchors that have at least one
-    positive and one negative in the batch; with none, the loss is 0.
+    positive and one negative in the batch; with none, the loss is 0. pactl train's triplet:
+    pytorch-metric-learning's TripletMarginLoss(margin, distance=CosineSimilarity(),
+    reducer=MeanReducer()) given its BatchHardMiner's triplets.
     """
 
     def __init__(self, margin: float = 0.1) -> None:
@@ -347,8 +377,65 @@ class TripletLoss(nn.Module):
             return hinge.sum() / valid.sum().clamp(min=1)
 
 
+class TripletMarginLoss(nn.Module):
+    """Triplet margin loss over every triplet of the batch, pytorch-metric-learning's default.
+
+    For each anchor a, positive p (same label, p != a) and negative n (another label), on the
+    distance d of L2-normalised embeddings: loss_apn = max(0, d_ap - d_an + margin), averaged
+    over the triplets whose loss is above 0 (0 when none is). Memory grows as B^3.
+    """
+
+    def __init__(self, margin: float = 0.05) -> None:
+        super().__init__()
+        self.margin = margin
+
+    def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        _check_batch(embeddings, labels)
+        with _no_autocast(embeddings.device):
+            dist = _distance_within_batch(embeddings)  # (B, B)
+            pos, neg = _pair_masks(labels)
+            triplets = pos[:, :, None] & neg[:, None, :]  # (B, B, B) anchor, positive, negative
+            violation = dist[:, :, None] - dist[:, None, :] + self.margin
+            return _mean_above_zero(F.relu(violation) * triplets)
+
+
 class ContrastiveLoss(nn.Module):
-    """Contrastive loss (Hadsell et al., 2006) on cosine distance d = 1 - cos.
+    """Contrastive loss (Hadsell et al., 2006), pytorch-metric-learning's default form.
+
+    On the distance d of L2-normalised embeddings, over ordered pairs (i, j), i != j:
+    max(0, d - pos_margin) for each positive pair and max(0, neg_margin - d) for each negative
+    one, each kind averaged over its pairs whose loss is above 0, the two averages added.
+    """
+
+    def __init__(self, pos_margin: float = 0.0, neg_margin: float = 1.0) -> None:
+        super().__init__()
+        self.pos_margin = pos_margin
+        self.neg_margin = neg_margin
+
+    def forward(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+        _check_batch(embeddings, labels)
+        with _no_autocast(embeddings.device):
+            dist = _distance_within_batch(embeddings)  # (B, B)
+            pos, neg = _pair_masks(labels)
+            pos_loss = _mean_above_zero(F.relu(dist - self.pos_margin) * pos)
+            return pos_loss + _mean_above_zero(F.relu(self.neg_margin - dist) * neg)
+
+
+def _distance_within_batch(embeddings: Tensor) -> Tensor:
+    """(B, B) Euclidean distances of the L2-normalised embeddings, sqrt(2 - 2 cos); where one is
+    0 its gradient is 0 (as torch.cdist's), not the infinite slope of sqrt at 0."""
+    squared = (2.0 - 2.0 * _cosine_within_batch(embeddings)).clamp_min(0.0)
+    apart = squared > 0
+    return torch.where(apart, squared.masked_fill(~apart, 1.0).sqrt(), 0.0)
+
+
+def _mean_above_zero(losses: Tensor) -> Tensor:
+    """The mean of the entries above 0, or 0 when there are none."""
+    return losses.sum() / (losses > 0).sum().clamp(min=1)
+
+
+class CosineContrastiveLoss(nn.Module):
+    """Contrastive loss on cosine distance d = 1 - cos, pactl train's contrastive.
 
         loss = mean_{pos pairs} max(0, d - pos_margin) + mean_{neg pairs} max(0, neg_margin - d)
 
@@ -376,12 +463,14 @@ class ContrastiveLoss(nn.Module):
 # published defaults and ignore all four.
 LOSSES: dict[str, Callable[[int, int, float, float], nn.Module]] = {
     "proxy_anchor": lambda num_classes, dim, alpha, delta: ProxyAnchorLoss(
-        num_classes, dim, alpha=alpha, delta=delta
+        num_classes, dim, margin=delta, alpha=alpha
     ),
-    "proxy_nca": lambda num_classes, dim, alpha, delta: ProxyNCALoss(num_classes, dim, alpha),
-    "multi_similarity": lambda num_classes, dim, alpha, delta: MultiSimilarityLoss(),
+    "proxy_nca": lambda num_classes, dim, alpha, delta: ProxyNCALoss(
+        num_classes, dim, softmax_scale=alpha
+    ),
+    "multi_similarity": lambda num_classes, dim, alpha, delta: MultiSimilarityLoss(epsilon=0.1),
     "triplet": lambda num_classes, dim, alpha, delta: TripletLoss(),
-    "contrastive": lambda num_classes, dim, alpha, delta: ContrastiveLoss(),
+    "contrastive": lambda num_classes, dim, alpha, delta: CosineContrastiveLoss(),
 }
 
 
@@ -392,3 +481,23 @@ def build_loss(
     if name not in LOSSES:
         raise KeyError(f"unknown loss {name!r}; choices: {', '.join(sorted(LOSSES))}")
     return LOSSES[name](num_classes, dim, alpha, delta)
+
+
+def optimizer_groups(
+    model: nn.Module | Sequence[dict[str, Any]],
+    loss: nn.Module,
+    lr: float,
+    proxy_lr_mult: float = 100.0,
+) -> list[dict[str, Any]]:
+    """Parameter groups for a torch optimizer: the model's parameters at `lr` (a module, or
+    groups of its parameters as dicts, each at `lr` unless it names its own), then the loss's
+    proxies, when it has any, at lr x proxy_lr_mult (100 in the Proxy-Anchor paper)."""
+    if isinstance(model, nn.Module):
+        model = [{"params": model.parameters()}]
+    groups = [
+        {**group, "params": list(group["params"]), "lr": group.get("lr", lr)} for group in model
+    ]
+    proxies = list(loss.parameters())
+    if proxies:
+        groups.append({"params": proxies, "lr": lr * proxy_lr_mult})
+    return groups

@@ -236,3 +236,45 @@ class GroupWriter(HitWriter):
                 table.add_row(str(m.group), str(m.id), f"{m.score:.4f}", Text(visible(m.path)))
         if table.rows:
             self.console.print(table)
+
+
+class FindingWriter(HitWriter):
+    """`pactl audit`'s rows, list by list (suspected labels, outliers, leaks, conflicts): kind,
+    rank, score, path, split, label, suggested, other, other_split, other_label; written like
+    query hits (the same escaping, exact CSV, ASCII JSON Lines, bare paths)."""
+
+    columns: tuple[str, ...] = (
+        "kind", "rank", "score", "path", "split", "label", "suggested", "other", "other_split",
+        "other_label",
+    )  # fmt: skip
+    titles = {
+        "label": "suspected wrong labels (score: doubt of the label)",
+        "outlier": "outliers (score: 1 - cosine to the nearest class or neighbour)",
+        "leak": "copies across splits (score: cosine)",
+        "conflict": "copies with two labels (score: cosine)",
+    }
+
+    def _values(self, hit: Any) -> list[Any]:
+        values = [getattr(hit, c) for c in self.columns]
+        values[2] = round(float(hit.score), 6)
+        return values
+
+    def _table(self, hits: list[list[Any]]) -> None:
+        for rows in hits:
+            if not rows:
+                continue
+            table = Table(title=self.titles.get(rows[0].kind, rows[0].kind), title_justify="left")
+            table.add_column("rank", justify="right")
+            table.add_column("score", justify="right")
+            paired = rows[0].kind in ("leak", "conflict")
+            names = (
+                ("label", "path", "other_label", "other")
+                if paired
+                else ("label", "suggested", "path")
+            )
+            for name in ("split", *names):  # folded when long, never cut short with an ellipsis
+                table.add_column(name, overflow="fold")
+            for h in rows:
+                cells = [Text(visible(str(getattr(h, name)))) for name in ("split", *names)]
+                table.add_row(str(h.rank), f"{h.score:.4f}", *cells)
+            self.console.print(table)

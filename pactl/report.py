@@ -219,6 +219,40 @@ def retrieval_grid(
     save_image(sheet, out, fmt)
 
 
+# (path, caption's label, score) of one tile of `pactl audit`'s contact sheet
+SheetTile = tuple[str, str, float]
+
+
+def suspect_sheet(
+    rows: list[tuple[SheetTile, list[SheetTile], list[SheetTile]]],
+    out: Path,
+    shown: int = 3,
+    thumb: int = 96,
+    border: int = 5,
+) -> None:
+    """`pactl audit`'s contact sheet: per suspect (framed black, captioned `given→suggested`
+    and its doubt), its `shown` nearest images carrying the given label (framed red), then its
+    nearest carrying the suggested one (framed green), each captioned with label and cosine."""
+    fmt = check_image_path(out)
+    from PIL import Image, ImageDraw
+
+    cell = thumb + 2 * border
+    height = max(len(rows), 1) * (cell + CAPTION_HEIGHT)
+    sheet = Image.new("RGB", ((1 + 2 * shown) * cell, height), "white")
+    draw = ImageDraw.Draw(sheet)
+    draw.font = caption_font(CAPTION_FONT)
+    for r, (suspect, given, suggested) in enumerate(rows):
+        y = r * (cell + CAPTION_HEIGHT)
+        path, label, score = suspect
+        _tile(sheet, draw, path, (0, y), thumb, border, QUERY_FRAME, (label, score))
+        for c, (hit, frame) in enumerate(
+            [*((h, RED) for h in given[:shown]), *((h, GREEN) for h in suggested[:shown])]
+        ):
+            column = 1 + c if frame == RED else 1 + shown + c - len(given[:shown])
+            _tile(sheet, draw, hit[0], (column * cell, y), thumb, border, frame, hit[1:])
+    save_image(sheet, out, fmt)
+
+
 def caption_font(size: int) -> Any:
     """DejaVu Sans, which matplotlib ships (labels in Greek, Cyrillic or accented Latin are
     drawn, where Pillow's own font draws boxes), else Pillow's default."""

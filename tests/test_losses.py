@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from pactl.losses import (
     LOSSES,
-    ContrastiveLoss,
+    CosineContrastiveLoss,
     MultiSimilarityLoss,
     ProxyAnchorLoss,
     ProxyNCALoss,
@@ -189,7 +189,7 @@ def test_proxy_anchor_under_cpu_autocast_runs_in_float32() -> None:
     torch.manual_seed(0)  # module initialisation below draws from the global generator
     gen = torch.Generator().manual_seed(9)
     head = nn.Linear(6, 8)
-    criterion = ProxyAnchorLoss(num_classes=5, dim=8, generator=gen)
+    criterion = ProxyAnchorLoss(num_classes=5, embedding_size=8, generator=gen)
     inputs = torch.randn(10, 6, generator=gen)
     y = torch.randint(0, 5, (10,), generator=gen)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -309,7 +309,7 @@ def clustered_batch(seed: int, batch: int, dim: int, num_labels: int) -> tuple[T
 @pytest.mark.parametrize("seed", [11, 12])
 def test_proxy_nca_matches_reference(seed: int) -> None:
     x, y, _ = random_case(seed, 9, 6, 5)
-    criterion = ProxyNCALoss(6, 5, scale=3.0, generator=torch.Generator().manual_seed(seed))
+    criterion = ProxyNCALoss(6, 5, softmax_scale=3.0, generator=torch.Generator().manual_seed(seed))
     proxies = criterion.proxies.detach()
     got = criterion(x, y)
     assert got.item() == pytest.approx(reference_proxy_nca(x, y, proxies, 3.0), rel=1e-9)
@@ -335,7 +335,7 @@ def test_triplet_matches_all_triplets_reference(seed: int, num_labels: int) -> N
 @pytest.mark.parametrize(("seed", "num_labels"), [(19, 3), (20, 12)])
 def test_contrastive_matches_reference(seed: int, num_labels: int) -> None:
     x, y = clustered_batch(seed, 12, 5, num_labels)
-    got = ContrastiveLoss(pos_margin=0.0, neg_margin=0.5)(x, y)
+    got = CosineContrastiveLoss(pos_margin=0.0, neg_margin=0.5)(x, y)
     assert got.item() == pytest.approx(reference_contrastive(x, y, 0.0, 0.5), rel=1e-9)
 
 
@@ -394,7 +394,7 @@ def test_registry_modules_keep_proxies_in_a_parameter_named_proxies() -> None:
         if names:
             assert tuple(criterion.get_parameter("proxies").shape) == (7, 3)
     pa = build_loss("proxy_anchor", 7, 3, alpha=16.0, delta=0.2)
-    assert isinstance(pa, ProxyAnchorLoss) and (pa.alpha, pa.delta) == (16.0, 0.2)
+    assert isinstance(pa, ProxyAnchorLoss) and (pa.alpha, pa.margin) == (16.0, 0.2)
 
 
 def test_build_loss_unknown_name_lists_choices() -> None:

@@ -1,8 +1,8 @@
 """The `pactl` command line: thin commands over the library (no torch/faiss at import time).
 
-One module per verb (download, train, embed, index, query, dedup, eval, list, serve, export,
-compare, sweep, plot); the options and checks they share in `options`; this module assembles
-the Typer app and its entry point."""
+One module per verb (download, train, embed, index, query, dedup, audit, eval, list, serve,
+export, compare, sweep, plot); the options and checks they share in `options`; this module
+assembles the Typer app and its entry point."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from pactl.cli import (
+    audit,
     compare,
     dedup,
     download,
@@ -116,6 +117,9 @@ app.command(short_help="Embed images into vectors.npy, items.csv and meta.json."
 app.command(short_help="Build a FAISS index bundle from vectors or images.")(index.index)
 app.command(short_help="Top-k most similar indexed images for each query image.")(query.query)
 app.command(short_help="Groups of the same item in a bundle or a vectors folder.")(dedup.dedup)
+app.command(short_help="Suspected wrong labels, outliers and copies across splits, ranked.")(
+    audit.audit
+)
 app.command("eval", short_help="Recall@K, MAP@R, R-precision and NMI of a network.")(
     eval_verb.eval_
 )

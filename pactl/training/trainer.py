@@ -93,16 +93,14 @@ class Trainer:
 
 
 def param_groups(net: EmbeddingNet, criterion: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """Backbone and head at lr; the loss's proxies at lr x proxy_lr_mult (100 in the paper)."""
+    """Backbone and head at lr; the loss's proxies at lr x proxy_lr_mult (100 in the paper),
+    by the rule pactl.losses.optimizer_groups holds for everyone's loops."""
+    from pactl.losses import optimizer_groups
+
     head = {id(p) for p in net.head_parameters()}
-    groups = [
-        {"params": [p for p in net.parameters() if id(p) not in head], "lr": cfg.lr},
-        {"params": net.head_parameters(), "lr": cfg.lr},
-    ]
-    proxies = list(criterion.parameters())
-    if proxies:
-        groups.append({"params": proxies, "lr": cfg.lr * cfg.proxy_lr_mult})
-    return groups
+    body = [p for p in net.parameters() if id(p) not in head]
+    model = [{"params": body}, {"params": net.head_parameters()}]
+    return optimizer_groups(model, criterion, cfg.lr, cfg.proxy_lr_mult)
 
 
 def set_warmup(net: EmbeddingNet, epoch: int, cfg: TrainConfig) -> None:

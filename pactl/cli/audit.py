@@ -1,0 +1,206 @@
+"""`pactl audit`: the labels a set's classes and neighbours doubt, its outliers and its copies
+across splits, as ranked lists; a contact sheet of the suspects; a manifest without the rows a
+user chose to drop. pactl never deletes, moves or relabels an image."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from pactl.cli.options import Device, Format, Quiet, check_output, reporter, to_stdout
+from pactl.console import counted, out
+from pactl.errors import UsageError
+
+if TYPE_CHECKING:
+    from pactl.console import Reporter
+    from pactl.verbs.audit import AuditResult
+
+
+class Score(str, Enum):  # pactl.verbs.audit.SCORES
+    blend = "blend"
+    classes = "classes"
+    neighbours = "neighbours"
+
+
+class Centres(str, Enum):  # pactl.verbs.audit.CENTRES
+    auto = "auto"
+    proxies = "proxies"
+    means = "means"
+
+
+def audit(
+    target: Annotated[
+        Path,
+        typer.Argument(
+            exists=True,
+            file_okay=False,
+            metavar="RUN|BUNDLE",
+            help="A run folder (runs/<run>) or an index bundle.",
+        ),
+    ],
+    source: Annotated[
+        str | None,
+        typer.Option(
+            help="The labelled images to audit: a dataset name, folder or CSV (default: the "
+            "run's own data; for a bundle, its items' labels). A bundle's items are matched by "
+            "path."
+        ),
+    ] = None,
+    score: Annotated[
+        Score,
+        typer.Option(
+            help="What ranks the suspected labels: blend (the classes and the neighbours, the "
+            "default), classes (own class against the others), neighbours (the k nearest "
+            "items' labels)."
+        ),
+    ] = Score.blend,
+    centres: Annotated[
+        Centres,
+        typer.Option(
+            help="What the classes are: auto (the run's proxies where it has them, else the "
+            "class means), proxies, means."
+        ),
+    ] = Centres.auto,
+    neighbours: Annotated[int, typer.Option(min=1, max=1000, help="Nearest items asked.")] = 10,
+    top: Annotated[int, typer.Option(min=0, help="Rows of each list (0: every row, ranked).")] = 20,
+    copy_threshold: Annotated[
+        float | None,
+        typer.Option(
+            min=-1.0,
+            max=1.0,
+            metavar="COSINE",
+            help="Cosine at or above which two images are copies (default: calibrated on "
+            "copies the audit makes of the set's own images).",
+        ),
+    ] = None,
+    no_copies: Annotated[bool, typer.Option("--no-copies", help="Do not look for copies.")] = False,
+    sheet: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a contact sheet of the top suspects here (.png, .jpg, .webp): each "
+            "image, then its nearest images of the given label and of the suggested one."
+        ),
+    ] = None,
+    write_manifest: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a manifest of the audited rows without those chosen by --drop and "
+            "--drop-above (labels as audited, absolute paths)."
+        ),
+    ] = None,
+    drop: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="A CSV whose `path` column names the rows to leave out (audit's own "
+            "-f csv output, cut down to the rows you chose).",
+        ),
+    ] = None,
+    drop_above: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0, max=1.0, metavar="DOUBT", help="Leave out the labels doubted this much."
+        ),
+    ] = None,
+    fmt: Annotated[
+        Format | None,
+        typer.Option(
+            "--format", "-f", help="table | csv | jsonl (default: table on a terminal, csv else)."
+        ),
+    ] = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+) -> None:
+    """Rank a labelled set's suspected wrong labels (each with its doubt and the label its
+    classes and neighbours suggest), its outliers (far from every class and neighbour), its
+    copies across splits (a test image copied from a training one) and its copies under two
+    labels. A run's data is embedded by its network and held against its proxies; a bundle's
+    vectors are searched through its own index. A run trained with --label-noise is audited on
+    the labels it trained with, and stderr says how well the ranking finds the ones changed.
+
+    Examples:
+
+    \b
+      pactl audit runs/<run>                        # its own data, the top 20 of each list
+      pactl audit runs/<run> --source photos/ --sheet suspects.png
+      pactl audit runs/<run>/index --top 0 -f csv > audit.csv
+      pactl audit runs/<run> --drop picked.csv --write-manifest clean.csv
+    """
+    from pactl.output import FindingWriter
+    from pactl.verbs.audit import AuditConfig, findings, planted_report
+    from pactl.verbs.audit import audit as run_audit
+
+    checks(sheet, write_manifest, drop, drop_above)
+    log = reporter(quiet)
+    config = AuditConfig(
+        source=source,
+        score=score.value,
+        centres=centres.value,
+        neighbours=neighbours,
+        copy_threshold=copy_threshold,
+        copies=not no_copies,
+        device=device,
+    )
+    result = run_audit(target, config, log)
+    chosen = fmt.value if fmt else ("table" if out.is_terminal else "csv")
+    writer = FindingWriter(out, sys.stdout, chosen, False, False, log)
+    with to_stdout():
+        writer.write(findings(result, top))
+        writer.close()
+    summary = planted_report(result)
+    if summary is not None:
+        log.log(summary)
+    log.log(
+        f"{counted(len(result.data), 'item')}: {counted(len(result.copies), 'copy pair')} "
+        "across splits or under two labels"
+    )
+    outputs(result, sheet, write_manifest, drop, drop_above, top, log)
+
+
+def checks(
+    sheet: Path | None, manifest: Path | None, drop: Path | None, drop_above: float | None
+) -> None:
+    """Outputs that cannot be written, and drops without a manifest, refused before any work."""
+    from pactl.report import check_image_path
+
+    if sheet is not None:
+        check_image_path(sheet)
+        check_output(sheet, "--sheet", folder=False)
+    if (drop is not None or drop_above is not None) and manifest is None:
+        raise UsageError("--drop and --drop-above choose rows for --write-manifest: give it too")
+    if manifest is not None:
+        if drop is None and drop_above is None:
+            raise UsageError(
+                "--write-manifest writes the rows you keep: choose those to leave out with "
+                "--drop FILE or --drop-above DOUBT"
+            )
+        check_output(manifest, "--write-manifest", folder=False)
+
+
+def outputs(
+    result: AuditResult,
+    sheet: Path | None,
+    manifest: Path | None,
+    drop: Path | None,
+    drop_above: float | None,
+    top: int,
+    log: Reporter,
+) -> None:
+    """The contact sheet and the clean manifest, where asked for."""
+    from pactl.report import suspect_sheet
+    from pactl.verbs.audit import chosen_rows, sheet_rows, write_clean_manifest
+
+    if sheet is not None:
+        suspect_sheet(sheet_rows(result, top or 20), sheet)
+        log.log(f"wrote {sheet}")
+    if manifest is not None:
+        rows = chosen_rows(result, drop, drop_above)
+        written = write_clean_manifest(result, rows, manifest)
+        log.log(
+            f"wrote {manifest}: {counted(written, 'row')} ({counted(len(rows), 'row')} left out)"
+        )

@@ -1,0 +1,201 @@
+"""`pactl audit` (pactl.verbs.audit, pactl.doubt): the witnesses by hand, a hand-built set with
+one wrong label and one outlier, copies across splits, the clean manifest, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_class_folder, one_error, read_csv, run_cli
+
+from pactl import doubt
+from pactl.console import QUIET
+from pactl.verbs.audit import AuditConfig, choose_centres, score_rows
+from pactl.verbs.copies import copy_pairs
+from pactl.verbs.labelled import Labelled, exact_neighbours
+
+FINGERPRINT = "ab" * 32
+
+
+def test_class_share_is_the_softmax_share_of_the_own_class() -> None:
+    # cosines 0.5 (own) against 0.2 and 0.1 at scale 2: e^1 / (e^1 + e^0.4 + e^0.2)
+    want = np.exp(1) / (np.exp(1) + np.exp(0.4) + np.exp(0.2))
+    got = doubt.class_share(np.array([0.5]), np.array([[0.2, 0.1]]), scale=2)
+    assert got[0] == pytest.approx(want)
+    # a missing class (NaN) counts for nothing
+    assert doubt.class_share(np.array([0.5]), np.array([[0.2, np.nan]]), 2)[0] == pytest.approx(
+        np.exp(1) / (np.exp(1) + np.exp(0.4))
+    )
+
+
+def test_neighbour_share_majority_and_blend_by_hand() -> None:
+    labels = np.array([[1, 2, 2, 1], [3, 3, 4, 4], [0, 0, 0, 0]])
+    valid = np.array([[True, True, True, True], [True, True, True, True], [False] * 4])
+    own = np.array([1, 4, 0])
+    assert doubt.neighbour_share(labels, valid, own).tolist() == [0.5, 0.5, 0.5]  # none: 0.5
+    assert doubt.majority(labels, valid).tolist() == [1, 3, -1]  # ties: the nearer label
+    blended = doubt.blend(np.array([0.2, np.nan]), np.array([0.6, 0.9]), weight=0.25)
+    assert blended.tolist() == pytest.approx([0.5, 0.9])  # NaN: the neighbours alone
+
+
+def test_auroc_counts_pairs_ranked_right() -> None:
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, size=60).astype(float)  # many ties
+    positive = rng.random(60) < 0.3
+    pairs = [
+        1.0 if a > b else 0.5 if a == b else 0.0
+        for a in scores[positive]
+        for b in scores[~positive]
+    ]
+    assert doubt.auroc(scores, positive) == pytest.approx(np.mean(pairs))
+
+
+def test_class_mean_leaves_the_item_itself_out() -> None:
+    x = doubt.unit_rows(np.array([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0]]))
+    sums, counts = np.array([x[0] + x[1], x[2]]), np.array([2, 1])
+    centres = doubt.mean_centres(sums, counts)
+    said = doubt.ask_classes(x, np.array([0, 0, 1]), centres, scale=4)
+    # item 0's own class without it is item 1 alone: cosine 0.8; item 2's class is itself only
+    others = x[0] @ x[2]
+    want = np.exp(4 * 0.8) / (np.exp(4 * 0.8) + np.exp(4 * others))
+    assert said.share[0] == pytest.approx(want)
+    assert np.isnan(said.share[2]) and said.other[2] == 0
+
+
+def hand_set() -> tuple[np.ndarray, list[str], list[str]]:
+    """Three classes of 8 around the axes of 4-D space; row 3 lies among class b but is
+    labelled a; row 20 (labelled c) points along the fourth axis, away from everything."""
+    rng = np.random.default_rng(1)
+    axes = np.eye(4)
+    vectors, labels, splits = [], [], []
+    for c, name in enumerate("abc"):
+        for i in range(8):
+            vectors.append(axes[c] + 0.15 * rng.standard_normal(4) * [1, 1, 1, 0])
+            labels.append(name)
+            splits.append("train" if i < 6 else "test")
+    vectors[3] = axes[1] + 0.15 * rng.standard_normal(4) * [1, 1, 1, 0]  # looks like b
+    vectors[20] = axes[3] + 0.05 * rng.standard_normal(4)
+    return doubt.unit_rows(np.array(vectors)).astype(np.float32), labels, splits
+
+
+def labelled(vectors: np.ndarray, labels: list[str], splits: list[str]) -> Labelled:
+    codes, names = np.unique(labels, return_inverse=True)
+    return Labelled(
+        paths=[f"/d/{i}.png" for i in range(len(labels))],
+        codes=names.astype(np.int64),
+        names=codes.tolist(),
+        splits=splits,
+        vectors=lambda r: vectors[r],
+        neighbours=exact_neighbours(vectors),
+        proxies=None,
+    )
+
+
+@pytest.mark.parametrize("score", ["blend", "classes", "neighbours"])
+def test_the_wrong_label_and_the_outlier_rank_first(score: str) -> None:
+    data = labelled(*hand_set())
+    config = AuditConfig(score=score, neighbours=5, copies=False)
+    centres, _ = choose_centres(data, config)
+    scores, _, _ = score_rows(data, centres, config, QUIET)
+    assert int(np.argmax(scores.doubt)) == 3
+    assert data.names[scores.suggested[3]] == "b"
+    assert int(np.argmax(scores.outlier)) == 20
+    assert scores.doubt[3] > 0.5 > np.delete(scores.doubt, [3, 20]).max()
+
+
+def test_leaks_and_conflicts_are_found_among_planted_copies() -> None:
+    """Rows 22, 23 (test) copy rows 0 and 9 (train): the first keeps its label (a leak), the
+    second carries another (a leak and a conflict); no other pair reaches the threshold."""
+    vectors, labels, splits = hand_set()
+    noise = np.random.default_rng(2).standard_normal((2, 4)) * 1e-3
+    copies = doubt.unit_rows(vectors[[0, 9]] + noise).astype(np.float32)
+    vectors = np.concatenate([vectors[:22], copies])
+    labels, splits = [*labels[:22], "a", "c"], [*splits[:22], "test", "test"]
+    data = labelled(vectors, labels, splits)
+    found, sims = data.neighbours(np.arange(len(data)), 5)
+    pairs = {(c.kind, c.row, c.other) for c in copy_pairs(data, found, sims, 0.999)}
+    assert pairs == {("leak", 22, 0), ("leak", 23, 9), ("conflict", 9, 23)}
+
+
+def write_vectors(folder: Path, vectors: np.ndarray, labels: list[str]) -> None:
+    """A vectors folder as `pactl embed` writes it, with the given labels."""
+    folder.mkdir(parents=True)
+    np.save(folder / "vectors.npy", vectors)
+    rows = [f"{i},/d/{i}.png,{label},0,0" for i, label in enumerate(labels)]
+    (folder / "items.csv").write_text("id,path,label,size,mtime_ns\n" + "\n".join(rows) + "\n")
+    meta = {
+        "format": "pactl.vectors", "version": 1, "dimension": vectors.shape[1],
+        "count": len(vectors), "metric": "ip", "checkpoint": str(folder / "none.pt"),
+        "fingerprint": FINGERPRINT, "model_config": {},
+    }  # fmt: skip
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
+def test_audit_of_a_bundle_and_the_manifest_without_the_chosen_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vectors, labels, _ = hand_set()
+    write_vectors(tmp_path / "vec", vectors, labels)
+    assert run_cli(["index", "vec", "--out", "b", "-q"], monkeypatch, capsys)[0] == 0
+    args = ["audit", "b", "--neighbours", "5", "--copy-threshold", "0.999", "-f", "csv"]
+    code, out, err = run_cli([*args, "--top", "3"], monkeypatch, capsys)
+    assert code == 0, err
+    rows = [line.split(",") for line in out.splitlines()[1:]]
+    assert rows[0][:4] == ["label", "1", rows[0][2], "/d/3.png"] and rows[0][6] == "b"
+    assert [r[3] for r in rows if r[0] == "outlier"][0] == "/d/20.png"
+    # the user keeps two of the suspects to drop; --drop-above adds every label doubted > 0.5
+    (tmp_path / "picked.csv").write_text("kind,path\nlabel,/d/3.png\nlabel,/d/7.png\n")
+    code, _, err = run_cli(
+        [*args, "--drop", "picked.csv", "--write-manifest", "clean.csv"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    kept = [r["path"] for r in read_csv(tmp_path / "clean.csv")]
+    assert kept == [f"/d/{i}.png" for i in range(24) if i not in (3, 7)]
+    _, ranked, _ = run_cli([*args, "--top", "0"], monkeypatch, capsys)
+    doubted = {
+        r[3] for r in (line.split(",") for line in ranked.splitlines()) if r[0] == "label"
+        and float(r[2]) >= 0.5
+    }  # fmt: skip
+    assert "/d/3.png" in doubted
+    run_cli([*args, "--drop-above", "0.5", "--write-manifest", "c2.csv"], monkeypatch, capsys)
+    kept = [r["path"] for r in read_csv(tmp_path / "c2.csv")]
+    assert kept == [f"/d/{i}.png" for i in range(24) if f"/d/{i}.png" not in doubted]
+
+
+def test_a_bundle_without_labels_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    vectors, _, _ = hand_set()
+    write_vectors(tmp_path / "vec", vectors, [""] * len(vectors))
+    assert run_cli(["index", "vec", "--out", "b", "-q"], monkeypatch, capsys)[0] == 0
+    code, _, err = run_cli(["audit", "b", "--no-copies"], monkeypatch, capsys)
+    assert code == 1 and "holds no labels: give --source" in one_error(err)
+
+
+def test_a_run_without_proxies_asked_for_them_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import TINY
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    train = ["train", "imgs", "--epochs", "1", "--name", "ms", "--loss", "multi_similarity"]
+    assert run_cli([*train, *TINY, "-q"], monkeypatch, capsys)[0] == 0
+    code, _, err = run_cli(
+        ["audit", "runs/ms", "--centres", "proxies", "--no-copies"], monkeypatch, capsys
+    )
+    assert code == 2 and "has no proxies" in one_error(err)
+    code, out, err = run_cli(["audit", "runs/ms", "--no-copies", "-f", "csv"], monkeypatch, capsys)
+    assert code == 0, err  # auto: the class means stand in
+    assert out.count("\nlabel,") == 16
+
+
+def test_manifest_options_need_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "b").mkdir()
+    code, _, err = run_cli(["audit", "b", "--write-manifest", "x.csv"], monkeypatch, capsys)
+    assert code == 2 and "--drop FILE or --drop-above" in one_error(err)
+    code, _, err = run_cli(["audit", "b", "--drop-above", "0.5"], monkeypatch, capsys)
+    assert code == 2 and "give it too" in one_error(err)
