@@ -1,6 +1,7 @@
 """pactl: Proxy-Anchor metric learning and FAISS retrieval from the command line.
 
-The Python API (pactl.api, docs/api.md) is importable from here: `pactl.open_index(...)`.
+The Python API (pactl.api, docs/api.md) is importable from here: `pactl.open_index(...)`,
+`pactl.ProxyAnchorLoss(...)`.
 Its names load pactl.api on first use, so `import pactl` (and `pactl --help`) stays light.
 """
 
@@ -10,13 +11,21 @@ from typing import Any
 from pactl.version import __version__
 
 _API = (
+    "ContrastiveLoss",
+    "CosineContrastiveLoss",
     "Hit",
     "Index",
+    "MultiSimilarityLoss",
+    "ProxyAnchorLoss",
+    "ProxyNCALoss",
+    "TripletLoss",
+    "TripletMarginLoss",
     "Vectors",
     "build_index",
     "embed_folder",
     "load_model",
     "open_index",
+    "optimizer_groups",
     "read_vectors",
 )
 __all__ = ["__version__", *_API]

@@ -1,5 +1,6 @@
 """pactl from Python: open a bundle and query it, add and delete its items, embed a folder,
-build a bundle, load a checkpoint as a torch module.
+build a bundle, load a checkpoint as a torch module; and the losses as torch modules for a
+training loop of your own (pactl.losses, loaded on first use).
 
 Every call here is the library call a `pactl` verb makes (pactl.verbs.index, pactl.index), with
 the same files, locks and generations: an Index's add and delete take the bundle's writer lock
@@ -15,6 +16,7 @@ printed unless `progress=True` (progress and messages on stderr, as the CLI show
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +34,57 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from pactl.index import Bundle, ItemTable
+    from pactl.losses import (
+        ContrastiveLoss,
+        CosineContrastiveLoss,
+        MultiSimilarityLoss,
+        ProxyAnchorLoss,
+        ProxyNCALoss,
+        TripletLoss,
+        TripletMarginLoss,
+        optimizer_groups,
+    )
 
     # A query: an image file's path, a PIL image, or a tensor of one image (3, S, S) or a
     # batch (B, 3, S, S) already preprocessed as Index.preprocess does.
     Query = str | Path | Image.Image | torch.Tensor
 
 __all__ = [  # pactl/__init__.py hands these on lazily (tests/test_layout.py keeps the two equal)
+    "ContrastiveLoss",
+    "CosineContrastiveLoss",
     "Hit",
     "Index",
+    "MultiSimilarityLoss",
+    "ProxyAnchorLoss",
+    "ProxyNCALoss",
+    "TripletLoss",
+    "TripletMarginLoss",
     "Vectors",
     "build_index",
     "embed_folder",
     "load_model",
     "open_index",
+    "optimizer_groups",
     "read_vectors",
 ]
+
+# From pactl.losses on first use (torch with them): a vectors folder indexes without torch.
+_LOSSES = (
+    "ContrastiveLoss",
+    "CosineContrastiveLoss",
+    "MultiSimilarityLoss",
+    "ProxyAnchorLoss",
+    "ProxyNCALoss",
+    "TripletLoss",
+    "TripletMarginLoss",
+    "optimizer_groups",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOSSES:
+        return getattr(importlib.import_module("pactl.losses"), name)
+    raise AttributeError(f"module 'pactl.api' has no attribute {name!r}")
 
 
 def _reporter(progress: bool) -> Reporter:
