@@ -100,3 +100,39 @@ def test_round_trip_and_other_targets_from_the_curve() -> None:
     damaged = {**cal.to_dict(), "recall": 3.0}
     with pytest.raises(PactlError, match="calibration is damaged"):
         read_calibration(damaged, "meta.json")
+
+
+def test_a_cut_never_splits_tied_scores() -> None:
+    """Guards against a cut that splits tied scores: identical vectors (the normal duplicate
+    case) tie at cosine 1, and "score >= t" takes every one of them or none. Items 0, 1, 2 are
+    one picture, 0 and 1 of class a, 2 of class b: at cosine 1 one pair in three is of one
+    class, so no threshold has precision 0.5 (a cut after the first tied pair would claim
+    precision 1 at recall 1/2)."""
+    u, v = [1.0, 0.0], [0.0, 1.0]
+    vectors = np.array([u, u, u, v], dtype=np.float32)
+    labels = np.array(["a", "a", "b", "b"])
+    for target in (0.99, 0.5):
+        cal = calibrate(vectors, labels, CalibrationConfig(precision=target))
+        assert cal.threshold is None and cal.recall == 0.0, target
+    # Pairs at cosine 1: (0,1) same, (0,2), (1,2) not; at cosine 0 the other three, one same.
+    assert cal.curve == ((1.0, pytest.approx(1 / 3), 0.5),)
+    loose = calibrate(vectors, labels, CalibrationConfig(precision=0.3))
+    assert loose.threshold == 0.0 and loose.recall == 1.0
+    assert loose.measured == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("target", [0.7, 0.25, 0.14])
+def test_threshold_matches_brute_force_on_many_ties(target: float) -> None:
+    """Guards against a cut that splits tied scores, on a set where nearly every score ties: 40
+    copies of 8 directions whose cosines are exact in float32 (the axes of 4-D and the rows of a
+    Hadamard matrix over 2: cosines 1, 0.5, 0 and -0.5), labels mostly by direction."""
+    hadamard = np.array([[1, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]])
+    directions = np.concatenate([np.eye(4), hadamard / 2])
+    rng = np.random.default_rng(7)
+    which = rng.integers(0, 8, size=40)
+    labels = np.where(rng.random(40) < 0.7, which, rng.integers(0, 8, size=40))
+    vectors = directions[which].astype(np.float32)
+    cal = calibrate(vectors, labels, CalibrationConfig(precision=target))
+    threshold, recall = _brute_force(vectors, labels, target)
+    assert cal.threshold == pytest.approx(threshold, abs=1e-5)
+    assert cal.recall == pytest.approx(recall)

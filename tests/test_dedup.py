@@ -120,3 +120,78 @@ def test_keep_choices() -> None:
     assert kept("first") == [0, 1]
     assert kept("largest") == [3, 1]  # a tie (3 and 5) goes to the earlier item
     assert kept("newest") == [5, 1]
+
+
+def reference_sets(n: int, pairs: list[tuple[int, int]]) -> list[set[int]]:
+    """Disjoint sets by merging Python sets pair by pair (no union-find)."""
+    sets = [{i} for i in range(n)]
+    for a, b in pairs:
+        sa = next(s for s in sets if a in s)
+        sb = next(s for s in sets if b in s)
+        if sa is not sb:
+            sets.remove(sb)
+            sa |= sb
+    return sets
+
+
+def test_union_find_merges_several_groups_in_one_call() -> None:
+    """Guards against a union that makes one pass instead of looping: one call whose pairs join
+    four groups through one item (0-1, 2-3, 4-5, 6-7, then 1-7, 3-7, 5-7) must leave one set,
+    rooted at its smallest member; a single pass of minimum.at keeps one of three links."""
+    joined = dedup.UnionFind(9)
+    joined.union(np.array([0, 2, 4, 6]), np.array([1, 3, 5, 7]))
+    assert joined.roots().tolist() == [0, 0, 2, 2, 4, 4, 6, 6, 8]
+    joined.union(np.array([1, 3, 5]), np.array([7, 7, 7]))
+    assert joined.roots().tolist() == [0] * 8 + [8]
+    assert joined.find(np.arange(9)).tolist() == [0] * 8 + [8]
+
+
+@pytest.mark.parametrize("calls", [1, 3])
+def test_union_find_matches_merged_sets(calls: int) -> None:
+    """Guards against a union that makes one pass instead of looping (or a find that stops
+    short): random pairs over 60 items, fed in one call or three, give the sets that merging
+    Python sets gives, each rooted at its smallest member."""
+    rng = np.random.default_rng(calls)
+    a, b = rng.integers(0, 60, size=(2, 45))
+    joined = dedup.UnionFind(60)
+    for part in np.array_split(np.arange(45), calls):
+        joined.union(a[part], b[part])
+    roots = joined.roots()
+    for s in reference_sets(60, list(zip(a.tolist(), b.tolist(), strict=True))):
+        assert set(roots[sorted(s)].tolist()) == {min(s)}
+
+
+def test_one_item_joins_several_groups() -> None:
+    """Guards against a union that makes one pass instead of looping, through find_groups: the
+    last item (along z) is within 20 degrees of three earlier ones that are 35 degrees and more
+    apart, so the pairs of one batch, (0,3) (1,3) (2,3), must join four items into one group."""
+    spokes = np.radians([0.0, 120.0, 240.0])
+    tilt = np.radians(20.0)
+    x = np.stack(
+        [np.sin(tilt) * np.cos(spokes), np.sin(tilt) * np.sin(spokes), np.full(3, np.cos(tilt))],
+        axis=1,
+    )
+    x = np.concatenate([x, [[0.0, 0.0, 1.0]]]).astype(np.float32)
+    assert (x @ x.T)[:3, :3].max(initial=0, where=~np.eye(3, dtype=bool)) < 0.9
+    groups = find_groups(VectorSearcher(x), DedupConfig(threshold=0.9))
+    assert as_sets(groups) == {frozenset({0, 1, 2, 3})} == brute_components(x, 0.9)
+    assert groups.pairs == 6  # each of the three pairs found from both of its ends
+
+
+def test_a_score_exactly_at_the_threshold_joins() -> None:
+    """Guards against joining at `>` instead of `>=` the threshold: cosines exact in float32
+    (0.5 between items 0 and 1, 0.6 between 0 and 2, 0 between 1 and 2), each threshold equal
+    to one of them."""
+    x = np.array([[1.0, 0.0, 0.0], [0.5, 0.75**0.5, 0.0], [0.6, 0.0, 0.8]], dtype=np.float32)
+    scores = x @ x.T
+    assert scores[0, 1] == 0.5 and scores[0, 2] == np.float32(0.6)
+    at_half = find_groups(VectorSearcher(x), DedupConfig(threshold=0.5))
+    assert as_sets(at_half) == {frozenset({0, 1, 2})}
+    at_six = find_groups(VectorSearcher(x), DedupConfig(threshold=float(scores[0, 2])))
+    assert as_sets(at_six) == {frozenset({0, 2})}
+    strict = find_groups(VectorSearcher(x), DedupConfig(threshold=0.5, strict=True))
+    assert as_sets(strict) == {frozenset({0, 1, 2})}
+    above = find_groups(
+        VectorSearcher(x), DedupConfig(threshold=float(np.nextafter(scores[0, 2], 1)))
+    )
+    assert above.count == 0
