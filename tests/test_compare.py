@@ -166,3 +166,24 @@ def test_benchmark_runs_get_the_published_recall_beside_them(tmp_path: Path) -> 
     records = json.loads(cmp.compare([run], "json").text)
     assert records[0]["published recall@1"] == "paper 0.684 README 0.691"
     assert records[0]["best recall@1 mean"] == pytest.approx(0.6)
+
+
+def test_three_seeds_fold_into_their_mean_not_their_median(tmp_path: Path) -> None:
+    """Guards against aggregating by the median (or any middle value) instead of the mean: a
+    group of three seeds with uneven values, where median and mean differ, in the table and in
+    the figure's line. Recall@1 of the last epoch 0.1, 0.2 and 0.9: mean 0.4, sample std
+    sqrt(((-0.3)^2 + (-0.2)^2 + 0.5^2) / 2) = sqrt(0.19); the median would be 0.2."""
+    root = tmp_path / "runs"
+    for seed, (start, end) in enumerate([(0.0, 0.1), (0.3, 0.2), (0.0, 0.9)]):
+        write_run(root, f"r-s{seed}", epochs([start, end], [end / 2, end]), seed=seed, epochs=1)
+    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([root])])
+    assert [(g.name, len(g.runs)) for g in groups] == [("r", 3)]
+    row = cmp.summary(groups, at=(0,)).set_index("run").loc["r"]
+    assert row["best recall@1 mean"] == pytest.approx(0.4)
+    assert row["best recall@1 std"] == pytest.approx(math.sqrt(0.19))
+    assert row["best map@r mean"] == pytest.approx(0.4)  # 0.1, 0.2, 0.9 again (selection last)
+    assert row["recall@1 at 0 mean"] == pytest.approx(0.1)  # 0, 0.3, 0: median 0
+    assert row["recall@1 at 0 std"] == pytest.approx(math.sqrt(0.03))  # (0.01+0.04+0.01)/2
+    by_epoch, _ = cmp.figure(groups).axes
+    (line,) = by_epoch.get_lines()
+    assert list(line.get_ydata()) == pytest.approx([0.1, 0.4])
