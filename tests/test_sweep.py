@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import make_class_folder, run_cli
 
@@ -197,3 +198,96 @@ def test_a_point_that_fails_ends_the_sweep_with_one_error_line(tmp_path: Path) -
     assert "Traceback" not in done.stderr and "File " not in done.stderr, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "--batch-size 64 is larger than the train split" in errors[0]
+
+
+def test_a_finished_point_the_journal_does_not_mark_complete_is_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Guards against a sweep that never reads a finished point back: a point of two seeds
+    whose seed 0 finished and whose seed 1 failed at its start leaves its trial FAILED in
+    Optuna's journal, so the resumed sweep runs the trial again, and only the read-back of each
+    seed's run folder keeps seed 0 from being trained a second time."""
+    import optuna
+
+    import pactl.training.loop
+    from pactl.errors import PactlError
+
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    folder = tmp_path / "runs" / "sw"
+    args = ["sweep", str(tmp_path / "imgs"), "--param", "alpha=16", "--seeds", "0,1"]
+    args += ["--name", "sw", "-q", *(a for s in SETTINGS for a in ("--set", s))]
+    calls: list[tuple[str, bool]] = []
+    fit = pactl.training.loop.fit
+
+    def counted_fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=False, **rest):  # type: ignore[no-untyped-def]
+        calls.append((run_dir.name, resume))
+        if run_dir.name.endswith("-s1") and len(calls) == 2:
+            raise PactlError("the disk is full (a failure planted by the test)")
+        return fit(source, manifest, model_cfg, cfg, run_dir, reporter, resume=resume, **rest)
+
+    monkeypatch.setattr(pactl.training.loop, "fit", counted_fit)
+    code, _, err = run_cli(args, monkeypatch, capsys)
+    assert code == 1 and "planted by the test" in err
+    assert calls == [("alpha=16-s0", False), ("alpha=16-s1", False)]
+    done = folder / "points" / "alpha=16-s0"
+    before = (done / "metrics.csv").read_bytes()
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(folder / "journal.log"))
+    )
+    study = optuna.load_study(study_name="sweep", storage=storage)
+    assert [t.state.name for t in study.trials] == ["FAIL"]  # not complete: seed 1 failed
+
+    calls.clear()
+    code, _, err = run_cli(["sweep", "--resume", str(folder)], monkeypatch, capsys)
+    assert code == 0, err
+    assert calls == [("alpha=16-s1", False)]  # seed 0 read back, never trained again
+    assert "alpha=16-s0: finished before, read back" in err
+    assert (done / "metrics.csv").read_bytes() == before
+    study = optuna.load_study(study_name="sweep", storage=storage)
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"]
+    with open(done / "metrics.csv", newline="") as f:
+        seed0 = float(list(csv.DictReader(f))[-1]["recall@1"])  # selection: the last epoch
+    assert study.trials[1].user_attrs["scores"][0] == pytest.approx(seed0)
+
+
+def write_point(points: Path, name: str, recalls: list[float] | None, epochs: int = 2) -> None:
+    """A point's run folder as training leaves it: config.json, metrics.csv (Recall@1 after
+    each epoch; None: no epoch yet), best.pt (its content is not read)."""
+    run = points / name
+    run.mkdir(parents=True)
+    info = {"format": "pactl.run", "train_config": {"epochs": epochs, "selection": "last"}}
+    (run / "config.json").write_text(json.dumps(info))
+    if recalls is None:
+        return
+    rows = "".join(f"{e},{r},1.0\n" for e, r in enumerate(recalls))
+    (run / "metrics.csv").write_text("epoch,recall@1,seconds\n" + rows)
+    (run / "best.pt").write_bytes(b"")
+
+
+def test_the_sweep_figure_draws_a_dot_per_finished_point_and_seed(tmp_path: Path) -> None:
+    """Guards against a sweep figure that plots no point (or the wrong ones): 2 x 2 points and
+    two seeds, seven finished and one still training; each axis has a dot at the Recall@1 of
+    each finished point and seed (best.pt's epoch, here the last), at its value's position, and
+    a line through each value's mean."""
+    from pactl.research.sweep import sweep_figure
+
+    config = SweepConfig("digits", (("alpha", (16.0, 32.0)), ("lr", (0.001, 0.01))), seeds=(0, 1))
+    points = tmp_path / "points"
+    recall = {  # (alpha, lr, seed): Recall@1 after the last epoch
+        (16.0, 0.001, 0): 0.1, (16.0, 0.001, 1): 0.2, (16.0, 0.01, 0): 0.3, (16.0, 0.01, 1): 0.4,
+        (32.0, 0.001, 0): 0.5, (32.0, 0.001, 1): 0.6, (32.0, 0.01, 0): 0.7,
+    }  # fmt: skip
+    for (alpha, lr, seed), r in recall.items():
+        write_point(points, point_name({"alpha": alpha, "lr": lr}, seed), [0.0, 0.05, r])
+    write_point(points, point_name({"alpha": 32.0, "lr": 0.01}, 1), [0.0, 0.9], epochs=2 + 1)
+    fig = sweep_figure(points, config)
+    assert len(fig.axes) == 2
+    for position, (ax, (_, values)) in enumerate(zip(fig.axes, config.params, strict=True)):
+        dots = [line for line in ax.get_lines() if line.get_marker() == "o"]
+        drawn = sorted((float(x), float(y)) for d in dots for x, y in d.get_xydata())
+        want = sorted((float(values.index(k[position])), r) for k, r in recall.items())
+        assert len(drawn) == 7  # a dot per finished point and seed; none for the unfinished
+        np.testing.assert_allclose(drawn, want)
+        (mean,) = [line for line in ax.get_lines() if line.get_gid() == "sweep-mean"]
+        means = [np.mean([r for x, r in want if x == i]) for i in range(len(values))]
+        np.testing.assert_allclose(mean.get_ydata(), means)
