@@ -164,7 +164,10 @@ def test_writes_from_another_site_are_refused_on_every_route(
     open_service: Service, disks: Disks
 ) -> None:
     """A page of another site can send a `text/plain` or multipart POST without asking first:
-    each is refused before its handler (403), reads too; nothing is deleted or added."""
+    each is refused before its handler (403), reads too; nothing is deleted or added. Guards
+    against comparing Origin without its port: a page served on another port of this host is
+    another origin, and its Origin alone (no Sec-Fetch-Site, as older browsers send) is
+    refused."""
     routes = data_routes(open_service)
     assert {("POST", "/add"), ("POST", "/delete"), ("POST", "/query"), ("GET", "/health")} <= set(
         routes
@@ -174,6 +177,7 @@ def test_writes_from_another_site_are_refused_on_every_route(
         {"Origin": "null"},
         {"Sec-Fetch-Site": "cross-site"},
         {"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:1"},  # another port
+        {"Origin": "http://127.0.0.1:1"},  # another port, and nothing else to tell
     ]
     with open_service.client(token=None) as client:
         count = client.get("/health").json()["items"]
@@ -193,6 +197,39 @@ def test_writes_from_another_site_are_refused_on_every_route(
         assert client.get("/health").json()["items"] == count
         assert client.get("/items/0").status_code == 200
     assert not disks.uploads.exists() or not any(disks.uploads.iterdir())
+
+
+def test_an_origin_is_its_scheme_host_and_port() -> None:
+    """Guards against comparing Origin without its port (or without its scheme): only http or
+    https at the very host and port the request was sent to is this service's own origin."""
+    from pactl.serve.guard import same_origin
+
+    assert same_origin("http://127.0.0.1:8000", "127.0.0.1:8000")
+    assert same_origin("HTTPS://Pactl.Test:8443", "pactl.test:8443")  # a TLS proxy in front
+    assert same_origin("http://[::1]:8000", "[::1]:8000")
+    for origin, host in [
+        ("http://127.0.0.1:8001", "127.0.0.1:8000"),  # another port of this host
+        ("http://127.0.0.1", "127.0.0.1:8000"),  # the default port is another port
+        ("http://127.0.0.1:8000", "127.0.0.1"),
+        ("http://localhost:8000", "127.0.0.1:8000"),
+        ("ftp://127.0.0.1:8000", "127.0.0.1:8000"),
+        ("null", "127.0.0.1:8000"),
+        ("http://127.0.0.1:8000", ""),
+    ]:
+        assert not same_origin(origin, host), (origin, host)
+
+
+def test_a_page_on_another_port_cannot_write_even_with_the_token(served: Service) -> None:
+    """Guards against comparing Origin without its port, on the service with a token: a write
+    that carries the token but an Origin of another port of this host is refused (403) before
+    its handler, where the same write with the service's own Origin reaches it (400)."""
+    other = served.url.rsplit(":", 1)[0] + ":1"
+    unknown = {"ids": [987654]}  # reaches the handler, deletes nothing
+    with served.client() as client:
+        answer = client.post("/delete", json=unknown, headers={"Origin": other})
+        assert answer.status_code == 403 and other in answer.json()["detail"], answer.text
+        answer = client.post("/delete", json=unknown, headers={"Origin": served.url})
+        assert answer.status_code == 400, answer.text
 
 
 def test_json_bodies_need_the_json_media_type(open_service: Service) -> None:
