@@ -7,6 +7,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,14 +147,54 @@ def code_blocks(text: str) -> list[str]:
 
 def test_docs_api_page_runs(tmp_path: Path, capsys) -> None:
     """Every ```python block of docs/api.md, in order, in one namespace, in a folder holding
-    what the page names: photos/, new_photos/, runs/demo/best.pt."""
+    what the page names: photos/, new_photos/, runs/demo/best.pt; what the blocks print and
+    leave behind is what the page says, checked against the files and a brute-force search."""
+    import pactl
+
     tiny_run(tmp_path)
     (tmp_path / "runs" / "demo").mkdir(parents=True)
     (tmp_path / "best.pt").rename(tmp_path / "runs" / "demo" / "best.pt")
     make_class_folder(tmp_path / "new_photos", classes=2, per_class=2, seed=3)
     blocks = code_blocks(DOCS.read_text(encoding="utf-8"))
     assert len(blocks) >= 3
-    namespace: dict[str, object] = {}
+    namespace: dict[str, Any] = {}
     for block in blocks:
         exec(compile(block, str(DOCS), "exec"), namespace)  # noqa: S102
-    assert "photos" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    first = tmp_path.resolve() / "photos" / "class_0" / "0.png"
+    # Embed: 4 classes x 4 images of the 16-d network; the first item and its class folder.
+    assert lines[:2] == ["(16, 16) 16", f"{first} class_0"]
+    assert lines[2] == "Index('bundle', 16 items, dimension 16) 16 16"
+    # Query: the 4 nearest to photos/class_0/0.png but itself, as brute force ranks them.
+    vectors = pactl.read_vectors(tmp_path / "vectors")
+    paths = [str(Path(p).resolve()) for p in vectors.items.paths]
+    scores = vectors.vectors.astype(np.float64) @ vectors.vectors[paths.index(str(first))]
+    scores[paths.index(str(first))] = -np.inf
+    best = np.argsort(-scores, kind="stable")[:5]
+    assert scores[best[3]] - scores[best[4]] > 1e-4  # the top 4 is not a tie with the 5th
+    hits = [line.split() for line in lines[3:7]]
+    assert [h[0] for h in hits] == ["1", "2", "3", "4"]
+    assert {h[2] for h in hits} == {paths[i] for i in best[:4]}
+    for _, id_, path, label, score in hits:
+        row = paths.index(path)
+        assert int(id_) == int(vectors.items.ids[row]) and label == Path(path).parent.name
+        assert float(score) == pytest.approx(scores[row], abs=6e-4)  # printed to 3 places
+    several = namespace["several"]
+    assert [len(row) for row in several] == [2, 2]
+    for row, name in zip(several, ("class_1", "class_2"), strict=True):  # itself, first
+        assert Path(row[0].path).resolve() == tmp_path.resolve() / "photos" / name / "0.png"
+        assert row[0].score == pytest.approx(1.0, abs=1e-5)
+    # Add and delete: 4 new images, one deleted again by the id its own query found.
+    assert lines[7:9] == ["4 added, 20 in all", "19 items"]
+    gone = namespace["gone"]
+    assert Path(gone.path).resolve() == tmp_path.resolve() / "new_photos" / "class_0" / "0.png"
+    again = pactl.open_index(tmp_path / "bundle")
+    left = again.search(vectors.vectors[:1], k=20)
+    assert len(again) == 19 and gone.id not in {h.id for h in left[0]}
+    # A checkpoint as a torch module: two unit rows of 16.
+    assert lines[9:] == ["torch.Size([2, 16])"]
+    import torch
+
+    with torch.no_grad():
+        out = namespace["model"](namespace["x"])
+    np.testing.assert_allclose(out.norm(dim=1).numpy(), 1.0, atol=1e-5)

@@ -91,13 +91,14 @@ def test_query_csv_and_items_csv_hold_no_formula(
     assert {unescape_cell(r[3]) for r in table[1:]} == real
 
 
-def test_eval_report_holds_no_formula(tmp_path: Path) -> None:
+@pytest.mark.parametrize("checkpoint", ["-best.pt", "=1+1.pt", "+cmd.pt", "@SUM(A1)/best.pt"])
+def test_eval_report_holds_no_formula(tmp_path: Path, checkpoint: str) -> None:
+    """`pactl eval --report`'s row: the dataset and the checkpoint as given (a relative path can
+    start with = + - @) are escaped, the metrics (numbers, a negative one too) are not."""
     from pactl.cli.eval import write_report
 
-    write_report(tmp_path / "e.csv", "=cmd|x", tmp_path / "-best.pt", {"recall@1": -0.25})
+    write_report(tmp_path / "e.csv", "=cmd|x", Path(checkpoint), {"recall@1": -0.25})
     row = read_csv(tmp_path / "e.csv")[0]
-    assert row == {
-        "dataset": "'=cmd|x",
-        "checkpoint": str(tmp_path / "-best.pt"),
-        "recall@1": "-0.25",
-    }
+    assert row == {"dataset": "'=cmd|x", "checkpoint": "'" + checkpoint, "recall@1": "-0.25"}
+    assert not any(spreadsheet_would_run(cell) for cell in row.values())
+    assert unescape_cell(row["checkpoint"]) == checkpoint

@@ -56,14 +56,33 @@ def test_a_second_export_writes_only_what_is_missing(bundle: Path, tmp_path: Pat
 
 
 def test_deleted_items_are_not_exported(bundle: Path, tmp_path: Path) -> None:
+    """Items deleted from the bundle are not in the collection `pactl export --to qdrant`
+    writes: it holds the 14 live items, each with its own vector and payload."""
     import pactl
-    from pactl.index import load_bundle
-    from pactl.interop.qdrant import bundle_vectors
+    from pactl.config import QdrantConfig
+    from pactl.interop.qdrant import connect
+    from pactl.verbs.export import export_qdrant
 
     index = pactl.open_index(bundle)
     index.delete(ids=[3, 7])
-    _, items = bundle_vectors(load_bundle(bundle))
-    assert sorted(items.ids.tolist()) == [i for i in range(16) if i not in (3, 7)]
+    kept = [i for i in range(16) if i not in (3, 7)]
+    done = export_qdrant(bundle, str(tmp_path / "qd"), QdrantConfig(batch_size=5), QUIET)
+    assert done == {"written": 14, "skipped": 0, "count": 14}
+    client = connect(str(tmp_path / "qd"))
+    try:
+        points = client.retrieve("pactl", list(range(16)), with_payload=True, with_vectors=True)
+    finally:
+        client.close()
+    assert sorted(int(p.id) for p in points) == kept
+    table = pactl.read_vectors(tmp_path / "vectors")
+    row = {int(i): r for r, i in enumerate(table.items.ids.tolist())}
+    for p in points:
+        assert p.payload == {
+            "id": p.id,
+            "path": table.items.paths[row[p.id]],
+            "label": table.items.labels[row[p.id]],
+        }
+        np.testing.assert_allclose(p.vector, table.vectors[row[p.id]], atol=1e-6)
 
 
 def test_a_collection_of_another_dimension_or_metric_is_refused(tmp_path: Path) -> None:
