@@ -1,7 +1,7 @@
 """pactl: Proxy-Anchor metric learning and FAISS retrieval from the command line.
 
-The Python API (pactl.api, docs/api.md) is importable from here: `pactl.open_index(...)`,
-`pactl.ProxyAnchorLoss(...)`.
+The Python API (pactl.api, docs/api.md) is importable from here: `pactl.train(...)`,
+`pactl.open_index(...)`, `pactl.ProxyAnchorLoss(...)`.
 Its names load pactl.api on first use, so `import pactl` (and `pactl --help`) stays light.
 """
 
@@ -18,15 +18,18 @@ _API = (
     "MultiSimilarityLoss",
     "ProxyAnchorLoss",
     "ProxyNCALoss",
+    "Run",
     "TripletLoss",
     "TripletMarginLoss",
     "Vectors",
     "build_index",
     "embed_folder",
+    "evaluate",
     "load_model",
     "open_index",
     "optimizer_groups",
     "read_vectors",
+    "train",
 )
 __all__ = ["__version__", *_API]
 

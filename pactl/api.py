@@ -1,6 +1,6 @@
-"""pactl from Python: open a bundle and query it, add and delete its items, embed a folder,
-build a bundle, load a checkpoint as a torch module; and the losses as torch modules for a
-training loop of your own (pactl.losses, loaded on first use).
+"""pactl from Python: train and evaluate, open a bundle and query it, add and delete its items,
+embed a folder, build a bundle, load a checkpoint as a torch module; and the losses as torch
+modules for a training loop of your own (pactl.losses, loaded on first use).
 
 Every call here is the library call a `pactl` verb makes (pactl.verbs.index, pactl.index), with
 the same files, locks and generations: an Index's add and delete take the bundle's writer lock
@@ -16,8 +16,9 @@ printed unless `progress=True` (progress and messages on stderr, as the CLI show
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,13 +27,15 @@ import numpy as np
 
 from pactl.config import EmbedConfig, IndexConfig, ModelConfig
 from pactl.console import QUIET, Reporter
-from pactl.errors import PactlError
+from pactl.errors import PactlError, UsageError
 from pactl.results import Hit
 
 if TYPE_CHECKING:
+    import pandas as pd
     import torch
     from PIL import Image
 
+    from pactl.datasets import Manifest
     from pactl.index import Bundle, ItemTable
     from pactl.losses import (
         ContrastiveLoss,
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
         TripletMarginLoss,
         optimizer_groups,
     )
+    from pactl.recipe import Recipe
 
     # A query: an image file's path, a PIL image, or a tensor of one image (3, S, S) or a
     # batch (B, 3, S, S) already preprocessed as Index.preprocess does.
@@ -57,15 +61,18 @@ __all__ = [  # pactl/__init__.py hands these on lazily (tests/test_layout.py kee
     "MultiSimilarityLoss",
     "ProxyAnchorLoss",
     "ProxyNCALoss",
+    "Run",
     "TripletLoss",
     "TripletMarginLoss",
     "Vectors",
     "build_index",
     "embed_folder",
+    "evaluate",
     "load_model",
     "open_index",
     "optimizer_groups",
     "read_vectors",
+    "train",
 ]
 
 # From pactl.losses on first use (torch with them): a vectors folder indexes without torch.
@@ -378,3 +385,157 @@ def load_model(checkpoint: str | Path) -> torch.nn.Module:
     module, config, _ = load(Path(checkpoint))
     module.pactl_config = config  # type: ignore[assignment]
     return module
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run folder pactl.train() wrote or continued (`runs/<name>/`, as `pactl train`)."""
+
+    folder: Path
+    best_epoch: int  # the epoch best.pt holds
+    best_metrics: dict[str, float]  # its metrics: Recall@K, MAP@R, ... on the test classes
+    selection: str  # what chose that epoch: val (validation classes), test or last
+
+    @property
+    def checkpoint(self) -> Path:
+        """best.pt: the network to embed, index and query with."""
+        return self.folder / "best.pt"
+
+    @property
+    def metrics(self) -> pd.DataFrame:
+        """metrics.csv as a pandas DataFrame: a row an epoch, from epoch 0 (before training)."""
+        from pactl.runs import read_metrics
+
+        try:
+            import pandas as pd
+        except ImportError:
+            raise PactlError("Run.metrics needs pandas: pip install 'pactl[research]'") from None
+        frame = pd.DataFrame(read_metrics(self.folder / "metrics.csv"))
+        return frame.astype({"epoch": int}) if "epoch" in frame else frame
+
+
+def _keyword(field: str) -> str:
+    """How an error names a setting given to train(): by its keyword."""
+    return field
+
+
+def train(
+    source: str | Path | None = None,
+    *,
+    name: str | None = None,
+    preset: str | None = None,
+    overwrite: bool = False,
+    resume: str | Path | None = None,
+    progress: bool = False,
+    **settings: Any,
+) -> Run:
+    """`pactl train SOURCE --name NAME ...`: the settings are `pactl train`'s, by the field names
+    of pactl.config.ModelConfig and TrainConfig (`embedding_dim=64, epochs=3, lr=1e-4`;
+    `time_budget` in seconds or as `"15m"`), settled by the function the CLI and the sweeps use
+    (pactl.recipe.settle). `resume`: a run folder or "latest", continued with its own settings
+    (only epochs, device, workers and precision may change). Returns the Run; an unknown
+    setting, a wrong value or a source that is not there is a PactlError before any work."""
+    from pactl.verbs.train import fit_run, resumed
+
+    reporter = _reporter(progress)
+    given = _given(settings)
+    if resume is not None:
+        named = {"source": source, "preset": preset, "name": name}
+        others = [key for key, value in named.items() if value is not None]
+        run, text, recipe = resumed(resume, given, _keyword, others)
+    else:
+        if source is None:
+            raise UsageError("give a dataset name, folder or CSV to train on (or resume=)")
+        text = str(source)
+        run, recipe = _new_run(text, given, preset, name, _manifests(text, reporter))
+    manifest = _manifests(text, reporter)(recipe.train.follow_links)
+    result = fit_run(text, manifest, recipe, run, reporter, resume is not None, overwrite)
+    return Run(result.run_dir, result.best_epoch, dict(result.best_metrics), result.selection)
+
+
+def _given(settings: dict[str, Any]) -> dict[str, Any]:
+    """train()'s settings as `pactl train` gives them to settle: lists as tuples, a time budget
+    in seconds, and not with epochs (the budget chooses them)."""
+    from pactl.budget import parse_duration
+
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
+    budget = given.get("time_budget")
+    if isinstance(budget, str):
+        try:
+            given["time_budget"] = parse_duration(budget)
+        except UsageError as e:
+            raise UsageError(f"time_budget {e}") from None
+    if given.get("time_budget") is not None and "epochs" in given:
+        raise UsageError("give epochs or time_budget, not both (the budget chooses epochs)")
+    return given
+
+
+def _manifests(source: str, reporter: Reporter) -> Callable[[bool], Manifest]:
+    """The source's manifest, read once (by the recipe where it needs the images' size, else
+    by the training), following links or not."""
+    from pactl.datasets import load_source
+
+    return functools.cache(lambda follow: load_source(source, reporter, follow_links=follow))
+
+
+def _new_run(
+    source: str,
+    given: dict[str, Any],
+    preset: str | None,
+    name: str | None,
+    data: Callable[[bool], Manifest],
+) -> tuple[Path, Recipe]:
+    """A new run's folder and recipe, as `pactl train SOURCE` settles them."""
+    from pactl.config import TRAIN_RULES
+    from pactl.datasets import typical_side
+    from pactl.paths import runs_dir
+    from pactl.recipe import settle
+    from pactl.runtime import resolve_device
+    from pactl.verbs.sources import check_source
+    from pactl.verbs.train import check_run_name, default_run_name
+
+    check_source(source)
+    if name is not None:
+        check_run_name(name)
+    device = given.get("device", "auto")  # a wrong one: settle names it
+    kind = resolve_device(device if TRAIN_RULES["device"].ok(device) else "auto").type
+    side = lambda: typical_side(data(bool(given.get("follow_links"))))  # noqa: E731
+    recipe = settle(source, given, kind, side, preset, _keyword)
+    return runs_dir() / (name or default_run_name(source, recipe.model, recipe.train)), recipe
+
+
+def evaluate(
+    checkpoint: str | Path | ModelConfig,
+    source: str | Path | None = None,
+    ks: Sequence[int] | None = None,
+    device: str = "auto",
+    workers: int = 0,
+    progress: bool = False,
+) -> dict[str, float]:
+    """`pactl eval SOURCE --checkpoint CHECKPOINT`: Recall@K, MAP@R, R-precision and NMI of a
+    checkpoint's network (or of a backbone's ModelConfig, untrained) on the test split of
+    `source` (default: the dataset the checkpoint's run trained on). `ks` default: the
+    dataset's preset's, else 1, 2, 4, 8. Writes no report."""
+    from pactl.config import TrainConfig, check
+    from pactl.verbs.evaluate import default_ks, eval_checkpoint, run_source
+    from pactl.verbs.sources import check_source
+
+    model = _model_source(checkpoint)
+    follow_links = False
+    if source is None:
+        found = run_source(model) if isinstance(model, Path) else None
+        if found is None:
+            raise UsageError("give the dataset, folder or CSV to evaluate on")
+        source, follow_links = found
+    check_source(str(source))
+    if ks is None:
+        ks = default_ks(str(source))
+    elif isinstance(ks, Sequence) and not isinstance(ks, str):
+        ks = tuple(ks)
+    asked = TrainConfig(eval_ks=ks, device=device, workers=workers)
+    cfg = check(asked, lambda field: {"eval_ks": "ks"}.get(field, field), UsageError)
+    reporter = _reporter(progress)
+    metrics, _ = eval_checkpoint(
+        str(source), model, cfg.eval_ks, device, workers, reporter, follow_links
+    )
+    return metrics

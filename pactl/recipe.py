@@ -23,9 +23,9 @@ from pactl.config import (
     split_settings,
     weights_words,
 )
-from pactl.console import counted
+from pactl.console import counted, quoted
 from pactl.errors import PactlError, UsageError
-from pactl.rules import MIN_IMAGE_SIZE
+from pactl.rules import MIN_IMAGE_SIZE, shown
 
 if TYPE_CHECKING:
     from pactl.datasets import Manifest
@@ -267,7 +267,13 @@ def settle(
 
     unknown = sorted(k for k in given if not _is_setting(k))
     if unknown:
-        raise error(f"{name(unknown[0])} is not a setting of pactl train")
+        raise error(f"{name(unknown[0])} is not a setting of pactl train{_near(unknown[0], name)}")
+    for key, value in given.items():  # each checked before any is used: one line, no traceback
+        rule = declared(key)["rule"]
+        if not rule.ok(value):
+            raise error(f"{name(key)} must be {rule.wants} (got {shown(value)})")
+    if preset is not None and preset not in PRESETS:
+        raise error(f"unknown preset {quoted(preset)}; choose one of {', '.join(PRESETS)}")
     chosen = preset_for(source, preset, device_type, given.get("weights"), side)
     model_given, train_given = split_settings(dict(given))
     model = model_settings(chosen.model, model_given)
@@ -278,6 +284,15 @@ def settle(
     check_model_config(model, name=name, error=error)
     check(train, name, error)
     return Recipe(model, train, why)
+
+
+def _near(key: str, name: Callable[[str], str]) -> str:
+    """` (did you mean --batch-size?)` for a key close to a setting's name, else ''."""
+    import difflib
+
+    settings = [f.name for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)]
+    close = difflib.get_close_matches(key, settings, n=1)
+    return f" (did you mean {name(close[0])}?)" if close else ""
 
 
 def _is_setting(name: str) -> bool:

@@ -31,7 +31,6 @@ from pactl.config import TRAIN_RULES, ModelConfig
 from pactl.console import out
 from pactl.errors import UsageError
 from pactl.paths import runs_dir
-from pactl.recipe import PRESETS
 
 
 def eval_(
@@ -87,7 +86,7 @@ def eval_(
       pactl eval --calibrate --precision 0.995   # same-item threshold
     """
     from pactl.runs import latest_run, resumed_configs
-    from pactl.verbs.evaluate import eval_checkpoint
+    from pactl.verbs.evaluate import default_ks, eval_checkpoint
 
     if source is not None:
         check_source(source)
@@ -111,12 +110,12 @@ def eval_(
         return
     report = report or default_report(checkpoint if backbone is None else None)
     check_output(report, "--report", folder=False)
-    k_list = parse_ks(ks) if ks else PRESETS[source].train.eval_ks if source in PRESETS else None
+    k_list = parse_ks(ks) if ks else default_ks(source)
     check_new_file(report, overwrite)  # after the usage errors: a wrong option is named first
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     log = reporter(quiet)
     metrics, network = eval_checkpoint(
-        source, model_from, k_list or (1, 2, 4, 8), device, workers, log, follow_links
+        source, model_from, k_list, device, workers, log, follow_links
     )
     with writing(report):
         write_report(report, source, model_from, metrics)

@@ -240,15 +240,10 @@ def model_source(
 
 
 def check_source(source: str) -> None:
-    """SOURCE is a dataset of the catalog or an existing path; anything else is a usage mistake
-    (a misspelt dataset name, most often), said before any work."""
-    from pactl.datasets import CATALOG
+    """SOURCE is a dataset of the catalog or an existing path (pactl.verbs.sources)."""
+    from pactl.verbs.sources import check_source as check
 
-    if source not in CATALOG and not os.path.lexists(source):
-        raise UsageError(
-            f"{quoted(source)} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
-            "nor an existing folder or CSV file"
-        )
+    check(source)
 
 
 @contextmanager

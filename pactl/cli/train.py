@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import re
 import shutil
 from collections.abc import Callable
 from enum import Enum
@@ -32,17 +31,15 @@ from pactl.config import (
     TRAIN_RULES,
     ModelConfig,
     TrainConfig,
-    check,
     help_of,
     option_fields,
     option_name,
-    override,
-    resume_keeps,
 )
 from pactl.console import Reporter, literal, out, quoted
-from pactl.errors import PactlError, UsageError
+from pactl.errors import UsageError
 from pactl.paths import runs_dir
 from pactl.recipe import PRESETS, Recipe, settle
+from pactl.verbs.train import check_run_name, default_run_name
 
 if TYPE_CHECKING:
     from pactl.datasets import Manifest
@@ -269,22 +266,13 @@ def settings_given(options: dict[str, Any], budget: float | None) -> dict[str, A
 
 def resumed(resume: str, options: dict[str, Any]) -> tuple[Path, str, Recipe]:
     """The run --resume names and its own settings; only the settings declared resumable
-    (--epochs, --device, --workers, --precision) may change."""
-    from pactl.runs import latest_run, resumed_configs
+    (--epochs, --device, --workers, --precision) may change (pactl.verbs.train.resumed)."""
+    from pactl.verbs.train import resumed as resumed_run
 
-    fields, keeps = option_fields(), resume_keeps()
-    refused = sorted(k for k in options if k in RUN_OPTIONS or fields.get(k) in keeps)
-    if refused:
-        names = ", ".join(option_name(fields.get(k, k)) for k in refused)
-        raise UsageError(
-            f"--resume continues a run with its own settings: it takes --epochs, --device "
-            f"and --workers, not {names} (start a new run for other settings)"
-        )
-    run = latest_run(runs_dir()) if resume == "latest" else Path(resume)
-    source, model_cfg, cfg = resumed_configs(run)
+    fields = option_fields()
     changes = {fields[k]: v for k, v in options.items() if k in fields}
-    cfg = check(override(cfg, **changes), option_name, UsageError)
-    return run, source, Recipe(model_cfg, cfg)
+    others = [k for k in options if k in RUN_OPTIONS]
+    return resumed_run(resume, changes, option_name, others)
 
 
 def side_of(manifest: Manifest) -> int | None:
@@ -345,22 +333,15 @@ def run_fit(
     resume: bool,
     overwrite: bool,
 ) -> Any:
-    """Train into `run` on `data(source, follow_links)`; a run that fails before its first
-    checkpoint leaves no folder behind."""
-    from pactl.runs import prepare_run_dir
-    from pactl.training.loop import fit
+    """Train into `run` on `data(source, follow_links)` (pactl.verbs.train.fit_run); a run
+    that fails before its first checkpoint leaves no folder behind."""
+    from pactl.verbs.train import fit_run
 
     check_output(run, "run folder", folder=True)
     manifest = data(source, recipe.train.follow_links)
     created = not run.exists() or not any(run.iterdir())
-    prepare_run_dir(run, resume=resume, overwrite=overwrite)
-    try:
-        with on_interrupt(lambda: _resume_hint(run, created)):
-            return fit(source, manifest, recipe.model, recipe.train, run, log, resume=resume)
-    except PactlError:
-        if created and not (run / "checkpoint.pt").exists():  # nothing to resume: no dead end
-            shutil.rmtree(run, ignore_errors=True)
-        raise
+    with on_interrupt(lambda: _resume_hint(run, created)):
+        return fit_run(source, manifest, recipe, run, log, resume, overwrite)
 
 
 CHOOSERS = {
@@ -426,30 +407,3 @@ def _value(value: Any) -> Any:
 
 def _configs(model_cfg: ModelConfig, cfg: TrainConfig) -> dict[str, Any]:
     return {"model": dataclasses.asdict(model_cfg), "train": dataclasses.asdict(cfg)}
-
-
-def default_run_name(source: str, model_cfg: ModelConfig, cfg: TrainConfig) -> str:
-    """SOURCE-BACKBONE-LOSS-TIME, every character outside letters, digits, `.`, `-` and `_`
-    replaced by `_`: one plain folder name whatever the source is called."""
-    import time
-
-    stem = Path(source).stem if ("/" in source or "." in source) else source
-    name = f"{stem}-{model_cfg.backbone}-{cfg.loss}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return re.sub(r"[^\w.-]", "_", name)
-
-
-def check_run_name(name: str) -> None:
-    """--name is one plain folder name under the runs folder: not empty, `.` or `..`, no `/` or
-    `\\`, no NUL or other control characters, at most 255 bytes. Anything else could name a
-    folder outside runs/ (which --overwrite would then remove)."""
-    plain = (
-        name not in ("", ".", "..")
-        and not any(c in name for c in "/\\")
-        and name.isprintable()
-        and len(name.encode("utf-8", "surrogateescape")) <= 255
-    )
-    if not plain:
-        raise UsageError(
-            f"--name {quoted(name)} must be one plain folder name under {runs_dir()}: no '/', "
-            "backslash, '.', '..' or control characters"
-        )

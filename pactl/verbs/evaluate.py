@@ -17,6 +17,24 @@ if TYPE_CHECKING:
     from pactl.checkpoint import ModelSource
 
 
+def default_ks(source: str) -> tuple[int, ...]:
+    """The K of Recall@K a dataset is reported with: its preset's (the paper's), else 1, 2, 4, 8."""
+    from pactl.recipe import PRESETS
+
+    return PRESETS[source].train.eval_ks if source in PRESETS else (1, 2, 4, 8)
+
+
+def run_source(checkpoint: Path) -> tuple[str, bool] | None:
+    """The source a checkpoint's run trained on and whether it followed links, when the
+    checkpoint lies in a run folder (beside its config.json); else None."""
+    from pactl.runs import resumed_configs
+
+    if not (checkpoint.parent / "config.json").is_file():
+        return None
+    source, _, cfg = resumed_configs(checkpoint.parent)
+    return source, cfg.follow_links
+
+
 def eval_checkpoint(
     source: str,
     model_from: ModelSource,

@@ -4,10 +4,23 @@ their labels.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from pactl.console import Reporter
-from pactl.errors import PactlError
+from pactl.console import Reporter, quoted
+from pactl.errors import PactlError, UsageError
+
+
+def check_source(source: str) -> None:
+    """SOURCE is a dataset of the catalog or an existing path; anything else is a usage mistake
+    (a misspelt dataset name, most often), said before any work."""
+    from pactl.datasets import CATALOG
+
+    if source not in CATALOG and not os.path.lexists(source):
+        raise UsageError(
+            f"{quoted(source)} is neither a known dataset ({', '.join(sorted(CATALOG))}) "
+            "nor an existing folder or CSV file"
+        )
 
 
 def source_items(
