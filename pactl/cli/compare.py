@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from enum import Enum
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import Annotated
 import typer
 
 from pactl.cli.options import check_output, to_stdout
-from pactl.console import err, literal, quoted
+from pactl.console import err, literal, out, quoted
 from pactl.errors import UsageError
 
 
@@ -47,13 +49,23 @@ def compare(
             "gets there.",
         ),
     ] = None,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide",
+            help="Every column in the table, however wide (a terminal gets the columns that "
+            "differ and the key metrics, within its width; csv, json and markdown every one).",
+        ),
+    ] = False,
 ) -> None:
     """One row per recipe: loss, backbone, the settings that differ, best and last Recall@K and
     MAP@R on the test classes, the best epoch and the split that chose it, epochs and seconds.
-    Runs that differ only by seed are one row, mean ± std (sample std). A run still training
-    shows the epochs it has. For the four benchmarks, the published Recall@1 of the same
-    setting is beside it. --out adds the plot: Recall@1 against epochs and wall time, a line
-    per recipe and a band of ± one std over its seeds.
+    On a terminal the table keeps to its width: the run, best Recall@1 and MAP@R, the columns
+    that differ, then what else fits (--wide for all). Runs that differ only by seed are one
+    row, mean ± std (sample std). A run still training shows the epochs it has. For the four
+    benchmarks, the published Recall@1 of the same setting is beside it. --out adds the plot:
+    Recall@1 against epochs and wall time, a line per recipe and a band of ± one std over its
+    seeds.
 
     Examples:
 
@@ -61,17 +73,30 @@ def compare(
       pactl compare runs/cub-pa-s0 runs/cub-pa-s1 runs/cub-nca
       pactl compare runs/ --out study/ --format markdown
       pactl compare runs/sweep-fonts/points --at-epochs 1,2,5
+      pactl compare runs/ --wide | less -S
     """
     from pactl.research.compare import compare as compare_runs
 
     if out is not None:
         check_output(out, "--out", folder=True)
-    result = compare_runs(list(runs), fmt.value, out, epochs_given(at_epochs))
+    width = None if wide else terminal_width()
+    result = compare_runs(list(runs), fmt.value, out, epochs_given(at_epochs), width)
     with to_stdout():
         sys.stdout.write(result.text)
         sys.stdout.flush()
+    if result.left_out:
+        names = ", ".join(result.left_out)
+        err.print(literal(f"{len(result.left_out)} more columns ({names}): --wide shows them"))
     for path in result.written:
         err.print(literal(f"wrote {path}"))
+
+
+def terminal_width() -> int | None:
+    """The width a table keeps to: the terminal's (COLUMNS where set); none for a pipe or a
+    file, which gets every column."""
+    if "COLUMNS" not in os.environ and not out.is_terminal:
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def epochs_given(text: str | None) -> tuple[int, ...]:

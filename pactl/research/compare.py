@@ -246,9 +246,23 @@ def published_column(frame: pd.DataFrame, groups: list[Group]) -> list[str]:
     return cells
 
 
-def rendered(frame: pd.DataFrame, fmt: str) -> str:
-    """The summary as text: table (aligned columns), markdown, csv or json. csv and json keep
-    every mean and std as numbers; table and markdown show `mean ± std` in one cell."""
+def rendered(frame: pd.DataFrame, fmt: str, width: int | None = None) -> tuple[str, list[str]]:
+    """The summary as text: table (aligned columns), markdown, csv or json, and the columns left
+    out. csv and json keep every mean and std as numbers; table and markdown show `mean ± std`
+    in one cell. A table given a `width` keeps the columns that fit it (fitted); the others
+    give every column."""
+    header, rows = shown_cells(frame)
+    if fmt == "table" and width is not None:
+        from pactl.output import format_rows
+
+        numbers = sum(c.endswith(" mean") for c in frame.columns)
+        kept, left_out = fitted(header, rows, width, len(header) - numbers)
+        picked = [[row[i] for i in kept] for row in rows]
+        return format_rows([header[i] for i in kept], picked, "text"), left_out
+    return _every_column(frame, fmt), []
+
+
+def _every_column(frame: pd.DataFrame, fmt: str) -> str:
     if fmt == "json":
         records = json.loads(frame.to_json(orient="records"))
         return json.dumps(records, indent=2) + "\n"
@@ -261,6 +275,39 @@ def rendered(frame: pd.DataFrame, fmt: str) -> str:
     from pactl.output import format_rows
 
     return format_rows(header, rows, "text")
+
+
+# What a narrow table keeps first: the run, its key metrics, the settings and the identity
+# columns that tell the rows apart, then the other numbers in this order (--at-epochs' where
+# asked for).
+KEY_METRICS = ("best recall@1", "best map@r")
+THEN = ("published recall@1", " at ", "best epoch", "last recall@1", "seconds", "best ", "last ")
+
+
+def fitted(
+    header: list[str], rows: list[list[str]], width: int, first: int
+) -> tuple[list[int], list[str]]:
+    """The columns (indices, in table order) of an aligned table that fit in `width`
+    characters, two spaces between columns, in the order of what matters: the run, the key
+    metrics, the other columns before the numbers (which begin at `first`) whose cells differ
+    between rows (not the counts of runs and seeds), then the numbers of THEN; and the names of
+    the columns left out."""
+    from pactl.console import visible
+
+    sizes = [max(len(visible(c)) for c in [h, *(r[i] for r in rows)]) for i, h in enumerate(header)]
+    differ = [
+        i
+        for i in range(1, first)  # the columns before the numbers: identity and settings
+        if header[i] not in ("runs", "seeds") and len({r[i] for r in rows}) > 1
+    ]
+    wanted = [0, *(header.index(k) for k in KEY_METRICS if k in header), *differ]
+    for word in THEN:
+        wanted += [i for i in range(1, len(header)) if word in header[i]]
+    kept: list[int] = []
+    for i in dict.fromkeys(wanted):
+        if not kept or sum(sizes[k] + 2 for k in kept) + sizes[i] <= width:
+            kept.append(i)
+    return sorted(kept), [h for i, h in enumerate(header) if i not in kept]
 
 
 def shown_cells(frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
@@ -347,13 +394,19 @@ def figure(groups: list[Group]) -> Figure:
 class CompareResult:
     text: str  # the table in the format asked for
     written: tuple[Path, ...]  # files under --out
+    left_out: tuple[str, ...] = ()  # columns a table of a given width has no room for
 
 
 def compare(
-    paths: list[Path], fmt: str = "table", out: Path | None = None, at: tuple[int, ...] = ()
+    paths: list[Path],
+    fmt: str = "table",
+    out: Path | None = None,
+    at: tuple[int, ...] = (),
+    width: int | None = None,
 ) -> CompareResult:
     """The comparison of the runs under `paths` as `fmt` (with Recall@1 and MAP@R after each
-    epoch of `at`); with `out`, also compare.csv, compare.md and compare.png (the figure)."""
+    epoch of `at`), a table within `width` characters where one is given (rendered); with
+    `out`, also compare.csv, compare.md (every column) and compare.png (the figure)."""
     from pactl.fsutil import atomic_write_text, make_folder
     from pactl.report import save_figure
 
@@ -367,8 +420,9 @@ def compare(
     if out is not None:
         make_folder(out)
         for name, kind in (("compare.csv", "csv"), ("compare.md", "markdown")):
-            atomic_write_text(out / name, rendered(frame, kind))
+            atomic_write_text(out / name, _every_column(frame, kind))
             written.append(out / name)
         save_figure(figure(groups), out / "compare.png")
         written.append(out / "compare.png")
-    return CompareResult(rendered(frame, fmt), tuple(written))
+    text, left_out = rendered(frame, fmt, width)
+    return CompareResult(text, tuple(written), tuple(left_out))
