@@ -1,9 +1,10 @@
 """`pactl plot RUN`: pictures of a run's embedding space, like the paper's appendix.
 
 tsne.png: a sample of the test embeddings (best.pt) in 2-D by scikit-learn's t-SNE, coloured by
-class, with thumbnails of some images at their points. retrieval.png: queries from the same
-sample with their top 4 among it (the query itself left out), framed green when of the query's
-class and red when not (pactl.report.retrieval_grid).
+class, with thumbnails of some images at their points and a legend naming the classes (or
+saying how many there are, past the colours there are to tell them apart). retrieval.png:
+queries from the same sample with their top 4 among it (the query itself left out), framed green
+when of the query's class and red when not (pactl.report.retrieval_grid).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -100,11 +101,22 @@ def tsne_figure(sample: Sample, points: np.ndarray, config: PlotConfig) -> Figur
     from pactl.report import fit_tile
 
     classes = sorted(set(sample.labels))
-    colour = {c: i for i, c in enumerate(classes)}
     fig = Figure(figsize=(9, 9), layout="constrained")
     ax = fig.subplots()
-    codes = [colour[c] for c in sample.labels]
-    ax.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab20", s=8, alpha=0.8)
+    labels = np.asarray(sample.labels)
+    beside: dict[str, Any] = {"bbox_to_anchor": (1.01, 1.0), "fontsize": "small"}
+    if len(classes) <= NAMED_CLASSES:
+        drawn = []
+        for i, name in enumerate(classes):
+            at = points[labels == name]
+            drawn.append(ax.scatter(at[:, 0], at[:, 1], color=class_colour(i), s=8, alpha=0.8))
+        names = [legend_text(name) for name in classes]  # given, not read: "_x" would hide
+        ax.legend(drawn, names, loc="upper left", title="class", markerscale=2, **beside)
+    else:
+        codes = [classes.index(c) for c in sample.labels]
+        ax.scatter(points[:, 0], points[:, 1], c=codes, cmap="tab20", s=8, alpha=0.8)
+        many = f"{len(classes)} classes: too many to name"
+        ax.legend(handles=[], loc="upper left", title=many, **beside)
     rng = np.random.default_rng(config.seed + 1)
     for i in rng.permutation(len(points))[: config.thumbnails]:
         try:
@@ -120,6 +132,26 @@ def tsne_figure(sample: Sample, points: np.ndarray, config: PlotConfig) -> Figur
     ax.set_yticks([])
     ax.set_title(f"t-SNE of {len(points)} test embeddings, {len(classes)} classes")
     return fig
+
+
+NAMED_CLASSES = 20  # the classes a legend names: as many as tab20 has colours to tell apart
+
+
+def class_colour(i: int) -> tuple[float, ...]:
+    """The i-th class's colour (matplotlib's tab20, RGBA)."""
+    from matplotlib import colormaps
+
+    return tuple(colormaps["tab20"](i % 20))
+
+
+def legend_text(name: str, most: int = 32) -> str:
+    """A class name as a legend shows it: printable, cut at `most` characters, and `$` escaped,
+    so a name is never read as mathtext."""
+    from pactl.console import visible
+
+    shown = visible(name)
+    shown = shown if len(shown) <= most else shown[: most - 1] + "…"
+    return shown.replace("$", r"\$")
 
 
 Rows = list[tuple[str, str | None, list[tuple[str, str, float]]]]  # as retrieval_grid takes
