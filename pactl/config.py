@@ -248,6 +248,24 @@ class IndexConfig:
         "auto", choice("auto", "cpu", "gpu"),
         "Where FAISS trains, adds and searches exactly.",
     )  # fmt: skip
+    binary: bool | None = setting(
+        None, optional(flag()),
+        "Index binary codes, every hit rescored by cosine on the float vectors (None: when "
+        "the network makes codes, pactl train --bits).",
+    )  # fmt: skip  # pactl.index.binary
+    bits: int = setting(
+        0, integer(0, MAX_DIMENSION),
+        "Bits per code, a multiple of 8 (0: the vectors' dimension, or the network's bits).",
+    )  # fmt: skip
+    rotation: str = setting(
+        "auto", choice("auto", "none", "itq", "lsh"),
+        "The map before the signs; auto: measured (pactl.index.binary.codes.ROTATION_CHOICES).",
+    )  # fmt: skip
+    rescore: int | None = setting(
+        None, optional(integer(0, 10_000)),
+        "Candidates per hit rescored by cosine (0: Hamming order; None: the fewest reaching "
+        "target_recall, measured).",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

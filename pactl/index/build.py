@@ -20,6 +20,9 @@ from pactl.index.mapped import blocks
 from pactl.index.search import exclude_by_id
 
 FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
+# below this exact Hamming search (BFlat) of 512-bit codes takes a few ms a query, as exact float
+# search does at FLAT_MAX_ITEMS (bench/bench_binary.py)
+BINARY_FLAT_MAX_ITEMS = 2_000_000
 TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: FAISS asks for >= 39; more costs minutes
 TRAIN_POINTS_OTHER = 65_536  # sample cap for trainable indexes without inverted lists
 TUNING_QUERIES = 1_000  # data points used as held-out queries when tuning nprobe / efSearch
@@ -115,6 +118,17 @@ def choose_factory(n: int, dim: int, memory_budget_gb: float = 8.0) -> str:
         f"{n:,} vectors of dimension {dim} do not fit in {memory_budget_gb} GB even as 1-byte "
         "codes: pass a FAISS factory string (--factory) that fits"
     )
+
+
+def choose_binary_factory(n: int, bits: int) -> str:
+    """The default FAISS binary factory for `n` codes of `bits` bits: exact Hamming search
+    (BFlat) below BINARY_FLAT_MAX_ITEMS; above, an IVF of ~4 sqrt(n) lists (a power of two)
+    with an HNSW quantiser, as the float default."""
+    if n < 1 or bits < 8:
+        raise PactlError(f"cannot index {n} codes of {bits} bits")
+    if n < BINARY_FLAT_MAX_ITEMS:
+        return "BFlat"
+    return f"BIVF{2 ** round(math.log2(4 * math.sqrt(n)))}_HNSW32"
 
 
 def _ivf_bytes(n: int, dim: int, nlist: int, code_bytes: int) -> int:

@@ -1,6 +1,7 @@
 """The bundle's format: index.faiss, items.csv and meta.json (and index.ivfdata, deleted.npy,
-removed.bin) written as one generation of a folder (pactl.fsutil), and the Bundle as loaded.
-Reading it back is pactl.index.reading's; appending, deleting and compacting pactl.index.upkeep's.
+removed.bin; a binary bundle's rotation.npy and floats.npy) written as one generation of a folder
+(pactl.fsutil), and the Bundle as loaded. Reading it back is pactl.index.reading's; appending,
+deleting and compacting pactl.index.upkeep's.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from pactl.fsutil import (
     new_generation,
     record_files,
 )
+from pactl.index.binary.build import FLOATS_FILE, ROTATION_FILE, write_floats
+from pactl.index.binary.search import BinaryIndex
 from pactl.index.build import (
     GPU_MAX_K,
 )
+from pactl.index.mapped import blocks
 from pactl.index.ondisk import (
     IVFDATA_FILE,
 )
@@ -32,8 +36,10 @@ from pactl.items import TABLE_FILE, ItemTable
 from pactl.version import __version__
 
 BUNDLE_FORMAT = "pactl.bundle"
-BUNDLE_VERSION = 2  # 2: may hold deleted.npy; a bundle without tombstones is still written as 1
+BUNDLE_VERSION = 3  # 2: may hold deleted.npy; 3: binary codes (index.faiss a FAISS binary index)
 TOMBSTONES_VERSION = 2  # a pactl that reads only version 1 would return deleted items: refused
+# a pactl that reads versions 1 and 2 would take a binary index.faiss for a damaged one: refused
+BINARY_VERSION = 3
 VECTORS_FORMAT = "pactl.vectors"
 INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
 DELETED_FILE = "deleted.npy"  # int64 ids of deleted items (tombstones), sorted; absent when none
@@ -47,6 +53,8 @@ BUNDLE_FILES = (
     IVFDATA_FILE,
     DELETED_FILE,
     REMOVED_FILE,
+    ROTATION_FILE,
+    FLOATS_FILE,
 )
 MAX_SEARCH_SETTING = 10_000_000  # nprobe / efSearch beyond this is a typo or a tampered file
 
@@ -54,7 +62,7 @@ MAX_SEARCH_SETTING = 10_000_000  # nprobe / efSearch beyond this is a typo or a 
 @dataclass
 class Bundle:
     path: Path  # the bundle folder
-    index: Any  # faiss.Index, search parameters already set from meta.json
+    index: Any  # faiss.Index (a BinaryIndex for codes), search parameters set from meta.json
     items: ItemTable
     meta: dict[str, Any]
     mmapped: bool = False  # the index reads its codes from index.faiss (or .ivfdata) in place
@@ -121,7 +129,8 @@ def write_bundle(
     `deleted`: ids of items that stay in the index but are deleted (deleted.npy); `removed`:
     the items compacted away so far (removed.bin), which stay deleted by path.
     """
-    lists = ondisk_lists(index)
+    binary = isinstance(index, BinaryIndex)
+    lists = None if binary else ondisk_lists(index)
     items = (
         items_csv_source
         if isinstance(items_csv_source, ItemTable)
@@ -133,7 +142,10 @@ def write_bundle(
         raise PactlError(f"{len(items)} items for an index of {index.ntotal} vectors")
     if lists is not None:
         _place_lists(gen, lists)
-    faiss.write_index(index, str(gen / INDEX_FILE))
+    if binary:
+        _write_codes(gen, index)
+    else:
+        faiss.write_index(index, str(gen / INDEX_FILE))
     if isinstance(items_csv_source, Path):
         shutil.copyfile(items_csv_source, gen / ITEMS_FILE)
     else:
@@ -176,12 +188,26 @@ def _write_meta(
         **({"ivfdata_bytes": (gen / IVFDATA_FILE).stat().st_size} if on_disk else {}),
     }
     version = TOMBSTONES_VERSION if len(dead) else 1  # older pactl still reads the rest
+    version = BINARY_VERSION if (gen / ROTATION_FILE).is_file() else version
     header = {"format": BUNDLE_FORMAT, "version": version, "pactl_version": __version__}
     mine = {*header, *derived, "index_bytes", "ivfdata_bytes", "generation", "files", "checksums"}
     rest = {k: v for k, v in meta.items() if k not in mine}
     full = record_files(gen, {**header, **rest, **derived})
     full["checksums"] = checksums.record(gen, full["files"], known)
     (gen / META_FILE).write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_codes(gen: Path, binary: BinaryIndex) -> None:
+    """A binary bundle's index.faiss (FAISS's binary format), rotation.npy and floats.npy (kept
+    where the build or an upkeep wrote it into `gen`, else copied from the one it maps)."""
+    faiss.write_index_binary(binary.codes, str(gen / INDEX_FILE))
+    np.save(gen / ROTATION_FILE, binary.rotation.to_array(), allow_pickle=False)
+    source = Path(getattr(binary.floats, "filename", "") or "")
+    if not (source.is_file() and source.resolve() == (gen / FLOATS_FILE).resolve()):
+        chunks = (block for _, block in blocks(binary.floats))
+        binary.floats = write_floats(gen / FLOATS_FILE, binary.floats.shape, chunks)
+    if binary.floats.shape != (binary.ntotal, binary.d):
+        raise PactlError(f"{binary.floats.shape} float vectors for {binary.ntotal} codes")
 
 
 def ondisk_lists(index: Any) -> Any | None:

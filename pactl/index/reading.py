@@ -19,12 +19,16 @@ from pactl.fsutil import (
     check_files,
     read_current,
 )
+from pactl.index.binary.build import FLOATS_FILE, ROTATION_FILE, apply_search_params
+from pactl.index.binary.codes import ROTATION_KINDS, Rotation
+from pactl.index.binary.search import MAX_RESCORE, BinaryIndex
 from pactl.index.build import (
     faiss_gpus,
     faiss_reason,
     gpu_searcher,
 )
 from pactl.index.bundle import (
+    BINARY_VERSION,
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     DELETED_FILE,
@@ -61,7 +65,7 @@ def load_bundle(path: Path, mmap: bool = True, faiss_device: str = "cpu") -> Bun
     check_folder(path)
     gpus = faiss_gpus(faiss_device)
     bundle = read_current(path, lambda gen: _load_generation(path, gen, mmap))
-    if gpus:
+    if gpus and not isinstance(bundle.index, BinaryIndex):  # codes search on the CPU
         searcher = gpu_searcher(bundle.index, gpus)
         bundle.gpu_index = searcher if searcher is not bundle.index else None
     return bundle
@@ -69,7 +73,8 @@ def load_bundle(path: Path, mmap: bool = True, faiss_device: str = "cpu") -> Bun
 
 def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
     meta, items, deleted = read_tables(path, gen)
-    index, flag = _read_index(gen, meta, mmap)
+    binary = meta["version"] == BINARY_VERSION
+    index, flag = _read_codes(path, gen, meta, items) if binary else _read_index(gen, meta, mmap)
     if len(items) != index.ntotal:
         raise PactlError(
             f"bundle {path} is inconsistent: {ITEMS_FILE} has {len(items):,} rows but "
@@ -82,7 +87,7 @@ def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
         )
     check_count(path, meta, items, deleted)
     params = str(meta.get("search_params") or "")
-    if params:
+    if params and not binary:  # a binary bundle's were set as its codes were read
         try:
             space: Any = faiss.ParameterSpace()
             space.set_index_parameters(index, params)
@@ -223,6 +228,42 @@ def _read_index(gen: Path, meta: dict[str, Any], mmap: bool) -> tuple[Any, int]:
     return index, flag
 
 
+def _read_codes(path: Path, gen: Path, meta: dict[str, Any], items: ItemTable) -> tuple[Any, int]:
+    """A binary bundle's index: index.faiss (FAISS's binary format), its rotation.npy and its
+    floats.npy (memory-mapped), each checked against meta.json's "binary" record and the
+    others; the tuned search setting set. Returns the BinaryIndex and read flag 1 (the float
+    vectors are read in place)."""
+    record, fix = meta["binary"], "rebuild it with `pactl index --binary`"
+    index_file = gen / INDEX_FILE
+    _check_size(index_file, meta.get("index_bytes"))
+    try:
+        codes = faiss.read_index_binary(str(index_file))
+    except RuntimeError as e:
+        raise PactlError(f"{index_file} is truncated or corrupt ({faiss_reason(e)}): {fix}") from e
+    rotation = Rotation.from_array(
+        record["rotation"], _npy(path, gen, ROTATION_FILE, fix), str(path / ROTATION_FILE)
+    )
+    floats = _npy(path, gen, FLOATS_FILE, fix, mmap=True)
+    facts = (codes.d, rotation.bits, rotation.dim, floats.shape, floats.dtype)
+    wanted = (record["bits"], record["bits"], meta["dimension"], (codes.ntotal, meta["dimension"]))
+    if facts != (*wanted, np.float32):
+        raise PactlError(
+            f"bundle {path}: its codes ({codes.d} bits), {ROTATION_FILE} {rotation.matrix.shape} "
+            f"and {FLOATS_FILE} {floats.shape} do not fit meta.json ({record['bits']} bits of "
+            f"{meta['dimension']}-d vectors): {fix}"
+        )
+    apply_search_params(codes, str(meta.get("search_params") or ""))
+    return BinaryIndex(codes, rotation, floats, items.positions, record["rescore"]), 1
+
+
+def _npy(path: Path, gen: Path, name: str, fix: str, mmap: bool = False) -> np.ndarray:
+    """A .npy file of a binary bundle (memory-mapped where asked), one line when unreadable."""
+    try:
+        return np.load(gen / name, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise PactlError(f"{path / name} is truncated or corrupt ({e}): {fix}") from None
+
+
 def _check_lists_fit(index: Any, ivfdata: Path) -> None:
     """The lists index.faiss describes must lie inside index.ivfdata: past its end they would
     fault (SIGBUS) at search time instead of failing here."""
@@ -287,7 +328,22 @@ def read_meta(path: Path, gen: Path) -> dict[str, Any]:
     params = records.field(meta, "search_params", str, where, optional=True)
     if params:
         _check_search_params(params, where)
+    if version == BINARY_VERSION:
+        _check_binary_record(meta, where)
     return meta
+
+
+def _check_binary_record(meta: dict[str, Any], where: Path) -> None:
+    """A binary bundle's "binary" record: its bits, rotation and rescoring depth."""
+    record = records.field(meta, "binary", dict, where)
+    inner = where.parent / "meta.json: binary"
+    records.field(record, "bits", int, inner, 8, 2**20)
+    records.field(record, "rescore", int, inner, 0, MAX_RESCORE)
+    if record["bits"] % 8 or record.get("rotation") not in ROTATION_KINDS:
+        raise PactlError(
+            f"{where}: binary record {record!r:.120} has bits that are not whole bytes or an "
+            "unknown rotation: rebuild the bundle with `pactl index --binary`"
+        )
 
 
 def _check_search_params(params: str, where: Path) -> None:

@@ -115,6 +115,7 @@ def search(
     k: int,
     exclude_ids: np.ndarray | None = None,
     batch_size: int = 1024,
+    rescore: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k best (scores, ids) of each query row, best first, in batches of `batch_size`.
 
@@ -124,8 +125,11 @@ def search(
     for twice as many where too few live ones came back, so a row still has k live hits when
     the bundle has them. Both arrays have capped_k(...) columns; a missing hit (an approximate
     index found fewer) has id -1.
+
+    A binary bundle's hits are its codes' nearest, rescored by exact cosine: `rescore`
+    candidates per hit instead of the bundle's own depth (0: hits in Hamming order).
     """
-    index = bundle.index
+    index = rescored(bundle.index, rescore)
     xq = np.ascontiguousarray(queries, dtype=np.float32)
     if xq.ndim != 2 or xq.shape[1] != index.d:
         raise PactlError(
@@ -152,19 +156,34 @@ def search(
     for start in range(0, nq, max(1, batch_size)):
         stop = min(start + max(1, batch_size), nq)
         scores[start:stop], ids[start:stop] = _search_live(
-            bundle, xq[start:stop], own[start:stop], width, fetch, dead
+            bundle, index, xq[start:stop], own[start:stop], width, fetch
         )
     return scores, ids
 
 
+def rescored(index: Any, rescore: int | None) -> Any:
+    """`index`, or a binary bundle's searched with another rescoring depth; a float bundle has
+    nothing to rescore: refused in one line."""
+    if rescore is None:
+        return index
+    other = getattr(index, "with_rescore", None)
+    if other is None:
+        raise PactlError(
+            "--rescore is for binary bundles (`pactl index --binary`): this one searches its "
+            "float vectors exactly as they are"
+        )
+    return other(rescore)
+
+
 def _search_live(
-    bundle: Searchable, xq: np.ndarray, own: np.ndarray, width: int, fetch: int, dead: np.ndarray
+    bundle: Searchable, index: Any, xq: np.ndarray, own: np.ndarray, width: int, fetch: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """`width` hits per row that are neither deleted nor the row's own id. A row left short
     (by deleted hits, or an approximate index that found fewer: an IVF search sees only its
     nprobe lists) is searched again, twice as deep and twice as wide (nprobe, efSearch) each
-    time, until it is full or the search is exhaustive."""
-    index = bundle.index
+    time, until it is full or the search is exhaustive. `index`: the bundle's, or its codes
+    with another rescoring depth."""
+    dead = bundle.deleted
     live = int(index.ntotal) - len(dead)
     own_live = (own >= 0) & ~in_sorted(own, dead)
     wanted = np.minimum(width, live - own_live.astype(np.int64))  # what each row can have
@@ -173,7 +192,7 @@ def _search_live(
     def live_hits(
         rows: np.ndarray | slice, depth: int, params: Any = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        searcher = bundle.searcher(depth) if params is None else index
+        searcher = bundle.searcher(depth) if params is None and index is bundle.index else index
         kwargs = {} if params is None else {"params": params}
         found_scores, found_ids = searcher.search(xq[rows], depth, **kwargs)
         if len(dead):
@@ -196,6 +215,8 @@ def _widening(index: Any) -> tuple[Any, Any]:
     as wide as the index goes)."""
     import faiss
 
+    if hasattr(index, "widening"):  # a binary bundle's codes (pactl.index.binary.search)
+        return index.widening()
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         nprobe, nlist = int(ivf.nprobe), int(ivf.nlist)

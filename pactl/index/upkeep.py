@@ -24,6 +24,8 @@ from pactl.fsutil import (
     remove_stale,
     writer_lock,
 )
+from pactl.index.binary.build import BINARY_FILES, add_codes, codes_without
+from pactl.index.binary.search import BinaryIndex
 from pactl.index.build import (
     ADD_BATCH,
     add_vectors,
@@ -89,12 +91,14 @@ def add_to_bundle(
             raise PactlError(f"no item with id {int(unknown[0])} in {bundle_dir} to replace")
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
             index = bundle.index
-            if ondisk_lists(index) is not None:
+            items = bundle.items.concat(new)
+            if isinstance(index, BinaryIndex):
+                index = add_codes(index, x, new.ids, items.positions, gen)
+            elif ondisk_lists(index) is not None:
                 index = add_on_disk(index, x, new.ids, gen, reporter or QUIET)
             else:
                 add_vectors(index, x, new.ids, reporter or QUIET)
             dead = np.union1d(bundle.deleted, gone)
-            items = bundle.items.concat(new)
             write_bundle(gen, index, items, bundle.meta, dead, bundle.removed)
 
 
@@ -140,7 +144,7 @@ def delete_items(
             (reporter or QUIET).log("nothing to delete: those items were deleted already")
             return 0
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
-            kept = (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE, REMOVED_FILE)
+            kept = (INDEX_FILE, IVFDATA_FILE, ITEMS_FILE, TABLE_FILE, REMOVED_FILE, *BINARY_FILES)
             for name in kept:
                 if (gen_now / name).is_file():
                     _link_or_copy(gen_now / name, gen / name)
@@ -213,7 +217,11 @@ def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[s
         items = bundle.items.take(np.flatnonzero(keep))
         removed = _remembered(bundle.removed, bundle.items.take(np.flatnonzero(~keep)))
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
-            index, method = _without(bundle.index, dead, items.ids, gen, log)
+            if isinstance(bundle.index, BinaryIndex):
+                rows = np.flatnonzero(keep)
+                index, method = codes_without(bundle.index, dead, rows, items, gen, log)
+            else:
+                index, method = _without(bundle.index, dead, items.ids, gen, log)
             if index.ntotal != len(items):
                 raise PactlError(
                     f"compacting {bundle_dir} left {index.ntotal} vectors for {len(items)} items:"

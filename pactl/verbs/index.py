@@ -50,10 +50,12 @@ def index_vectors(
         wants_on_disk,
         write_bundle,
     )
+    from pactl.index.binary.build import build_binary
 
     parts, meta = read_parts(vectors_dir)
     if meta["count"] == 0:
         raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
+    binary = binary_config(config, meta, int(parts[0][0].shape[1]))
     out = out or default_bundle_dir(meta.get("checkpoint"))
     check_apart(vectors_dir, out)
     check_replaceable(out, BUNDLE_FORMAT, BUNDLE_FILES)
@@ -74,7 +76,9 @@ def index_vectors(
         tables = [table for _, table in parts]
         items = ItemTable.join(tables) if len(tables) > 1 else tables[0]
         shards = [(vectors, part_items.ids) for vectors, part_items in parts]
-        if wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
+        if binary is not None:  # codes, rescored from a float copy in the bundle
+            index, tuning = build_binary(shards, binary, reporter, gen, items.positions)
+        elif wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
             index, tuning = build_ondisk_index(shards, config, reporter, gen)
         else:  # in memory, the shards read in turn and never joined
             index, tuning = build_parts(shards, config, reporter)
@@ -93,6 +97,32 @@ def index_vectors(
         write_bundle(gen, index, items, bundle_meta, deleted=dead, removed=removed)
     bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
+
+
+def binary_config(config: IndexConfig, meta: dict[str, Any], dim: int) -> IndexConfig | None:
+    """The settings of a binary bundle of these vectors, or None for a float one. Binary when
+    asked (--binary), or by default for the vectors of a network that makes codes (`pactl
+    train --bits N`: model_config bits N), whose signs are then the codes (rotation none, N
+    bits) unless other settings are given. Checked before any work."""
+    from pactl.index.binary.codes import check_bits
+
+    network_bits = int((meta.get("model_config") or {}).get("bits", 0) or 0)
+    if config.binary is False or (config.binary is None and not network_bits):
+        named = {"--bits": config.bits != 0, "--rotation": config.rotation != "auto"}
+        named["--rescore"] = config.rescore is not None
+        for option in (option for option, on in named.items() if on):
+            raise PactlError(f"{option} is for binary bundles: give --binary too")
+        return None
+    if config.on_disk == "yes":
+        raise PactlError(
+            "--on-disk yes merges a float IVF's lists; a binary bundle keeps its codes in "
+            "memory (32x smaller) and its float vectors on disk already: drop one of them"
+        )
+    if network_bits and config.rotation == "auto" and config.bits in (0, network_bits):
+        config = dataclasses.replace(config, rotation="none")
+    binary = dataclasses.replace(config, binary=True, bits=config.bits or network_bits or dim)
+    check_bits(binary.bits, dim, binary.rotation)
+    return binary
 
 
 def same_ids(

@@ -1,0 +1,427 @@
+"""A binary bundle's index built: the float vectors placed beside it, the rotation learned and
+chosen on a seeded sample, every vector coded a block at a time, the FAISS binary index trained
+and filled, and the rescoring depth (then nprobe / efSearch) tuned for Recall@10 against exact
+float search. Appending and compacting keep the same parts in step."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from pactl.config import IndexConfig
+from pactl.console import Reporter, counted
+from pactl.errors import PactlError
+from pactl.index.binary.codes import Rotation, check_bits, learn_rotation
+from pactl.index.binary.search import BinaryIndex, hnsw_of, rescore
+from pactl.index.build import (
+    ADD_BATCH,
+    RECALL_K,
+    TRAIN_POINTS_PER_LIST,
+    TUNING_QUERIES,
+    Part,
+    _check_unit_rows,
+    _count,
+    _Knob,
+    _read_rows,
+    _smallest_setting,
+    _unit_blocks,
+    check_parts,
+    choose_binary_factory,
+    exact_neighbours,
+    faiss_reason,
+    recall_at_k,
+)
+from pactl.index.mapped import blocks, drop_pages
+from pactl.index.search import exclude_by_id
+
+FLOATS_FILE = "floats.npy"  # the bundle's float vectors, row i = item row i: rescoring reads them
+ROTATION_FILE = "rotation.npy"  # the map before the signs (pactl.index.binary.codes.Rotation)
+BINARY_FILES = (ROTATION_FILE, FLOATS_FILE)  # what a binary bundle holds beside a float one's
+ROTATION_SAMPLE = 65_536  # vectors a rotation is learned and chosen on
+CHOICE_QUERIES = 1_000  # of them, the queries that measure each rotation
+MAX_TUNED_RESCORE = 128  # the deepest rescoring tuning tries (x k candidates per query)
+RESCORE_MARGIN = 0.01  # an approximate code index gets this much recall to spend
+
+
+def build_binary(
+    parts: Sequence[Part],
+    config: IndexConfig,
+    reporter: Reporter,
+    gen: Path,
+    positions: Callable[[np.ndarray], np.ndarray],
+    seed: int = 0,
+) -> tuple[BinaryIndex, dict[str, Any]]:
+    """A BinaryIndex over the parts' vectors with their float copy in gen/floats.npy (a hard
+    link to the vectors file where it can be one), and the record meta.json keeps (build_codes)."""
+    n, dim = check_parts(parts)
+    check_bits(config.bits or dim, dim, config.rotation)  # before the copy
+    started = time.perf_counter()
+    floats = place_floats(parts, gen / FLOATS_FILE, reporter)
+    binary, record = build_codes(parts, config, reporter, floats, positions, seed)
+    record["build_seconds"] = round(time.perf_counter() - started, 3)
+    return binary, record
+
+
+def build_codes(
+    parts: Sequence[Part],
+    config: IndexConfig,
+    reporter: Reporter,
+    floats: np.ndarray,
+    positions: Callable[[np.ndarray], np.ndarray],
+    seed: int = 0,
+    rotation: Rotation | None = None,
+) -> tuple[BinaryIndex, dict[str, Any]]:
+    """A BinaryIndex over the parts' vectors (`floats`: the same rows, read when rescoring,
+    `positions`: ids -> rows): the rotation learned and chosen on a seeded sample unless given,
+    every vector coded, the code index trained and filled, the rescoring depth and search
+    setting tuned. Returns it and the record meta.json keeps: factory, the tuned setting and
+    depth, and the binary record (bits, rotation, rescore, what each rotation tried reached)."""
+    n, dim = check_parts(parts)
+    bits = rotation.bits if rotation is not None else config.bits or dim
+    factory = config.factory or choose_binary_factory(n, bits)
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    trials: dict[str, Any] = {}
+    if rotation is None:
+        rows = np.sort(rng.choice(n, min(n, ROTATION_SAMPLE), replace=False))
+        sample, _ = _read_rows(parts, rows)
+        _check_unit_rows(sample, rows)
+        rotation, trials = choose_rotation(sample, bits, config.rotation, seed, reporter)
+        del sample
+    codes, ids = code_parts(parts, rotation, reporter)
+    index = new_code_index(factory, bits)
+    trained_on = _train_codes(index, codes, rng, seed, reporter, factory)
+    for start in range(0, n, ADD_BATCH):
+        index.add_with_ids(codes[start : start + ADD_BATCH], ids[start : start + ADD_BATCH])
+    del codes, ids
+    binary = BinaryIndex(index, rotation, floats, positions, config.rescore or 1)
+    binary, tuning = tune_binary(binary, parts, config, rng, reporter)
+    seconds = time.perf_counter() - started
+    reporter.log(
+        f"built {factory} over {counted(n, 'code')} of {bits} bits ({rotation.kind}) in "
+        f"{seconds:.1f} s, rescoring {binary.rescore} candidates a hit"
+    )
+    record = {"bits": bits, "rotation": rotation.kind, "rescore": binary.rescore, **trials}
+    tuning["binary"] = {**record, **tuning.pop("binary")}
+    return binary, {
+        "factory": factory,
+        **tuning,
+        "ntotal": n,
+        "train_points": trained_on,
+        "seed": seed,
+        "build_seconds": round(seconds, 3),
+    }
+
+
+# ---------------------------------------------------------------------------- the float copy
+
+
+def place_floats(parts: Sequence[Part], path: Path, reporter: Reporter) -> np.ndarray:
+    """The parts' vectors as one float32 .npy at `path`, memory-mapped read-only: a hard link
+    to the vectors folder's own file when there is one part mapped whole from a .npy on the
+    same file system (that file is never written again: a generation's files stay as they
+    were written), else a copy written a block at a time."""
+    if len(parts) == 1 and _link_npy(parts[0][0], path):
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    reporter.log(f"copying the float vectors to {path.name} for rescoring")
+    n, dim = check_parts(parts)
+    return write_floats(path, (n, dim), (b for v, _ in parts for _, b in blocks(v)))
+
+
+def _link_npy(vectors: np.ndarray, path: Path) -> bool:
+    """Hard-link the .npy file `vectors` maps whole to `path`; False where it cannot."""
+    source = getattr(vectors, "filename", None)
+    if not isinstance(vectors, np.memmap) or not source or vectors.dtype != np.float32:
+        return False
+    try:
+        os.link(source, path)
+        linked = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        path.unlink(missing_ok=True)
+        return False
+    whole = linked.shape == vectors.shape and linked.offset == vectors.offset
+    if not (whole and linked.dtype == np.float32 and linked.flags.c_contiguous):
+        del linked
+        path.unlink()
+        return False
+    return True
+
+
+def write_floats(path: Path, shape: tuple[int, int], chunks: Iterable[np.ndarray]) -> np.ndarray:
+    """Write `chunks` (row blocks, in order, `shape` in all) as one float32 .npy, through the
+    file, so the pages written never count in this process's memory; returns it mapped."""
+    written = 0
+    with open(path, "wb") as f:
+        header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(f, header)
+        for chunk in chunks:
+            if chunk.ndim != 2 or chunk.shape[1] != shape[1]:
+                raise PactlError(f"float vectors of shape {chunk.shape} for a {shape[1]}-d file")
+            np.ascontiguousarray(chunk, dtype=np.float32).tofile(f)
+            written += len(chunk)
+    if written != shape[0]:
+        raise PactlError(f"{written:,} float vectors written for {shape[0]:,}")
+    return np.load(path, mmap_mode="r", allow_pickle=False)
+
+
+def rows_of(vectors: np.ndarray, rows: np.ndarray) -> Iterator[np.ndarray]:
+    """vectors[rows] (rows sorted) a block at a time, each block's pages dropped after it."""
+    step = ADD_BATCH
+    for start in range(0, len(rows), step):
+        block = rows[start : start + step]
+        if len(block):
+            yield np.ascontiguousarray(vectors[block])
+            drop_pages(vectors)
+
+
+# ---------------------------------------------------------------------------- rotation, codes
+
+
+def choose_rotation(
+    sample: np.ndarray, bits: int, kind: str, seed: int, reporter: Reporter
+) -> tuple[Rotation, dict[str, Any]]:
+    """The rotation `kind` learned on `sample`; for "auto", each that applies (none and itq at
+    as many bits as dimensions, itq and lsh at fewer) learned and measured: Recall@10 of the
+    codes' Hamming top 10 against exact cosine, CHOICE_QUERIES sample rows querying the
+    sample. The best is kept; its figure and the others' go to meta.json."""
+    dim = sample.shape[1]
+    check_bits(bits, dim, kind)
+    kinds = [kind] if kind != "auto" else ["none", "itq"] if bits == dim else ["itq", "lsh"]
+    if len(kinds) == 1 or len(sample) < 2:
+        return learn_rotation(sample, bits, kinds[0], seed), {}
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(len(sample), min(CHOICE_QUERIES, len(sample)), replace=False))
+    k = min(RECALL_K, len(sample) - 1)
+    _, truth = faiss.knn(sample[rows], sample, k + 1, metric=faiss.METRIC_INNER_PRODUCT)
+    truth = exclude_by_id(np.zeros(truth.shape, np.float32), truth, rows, k)[1]
+    reached: dict[str, float] = {}
+    learned: dict[str, Rotation] = {}
+    for name in kinds:
+        learned[name] = learn_rotation(sample, bits, name, seed)
+        codes = learned[name].codes(sample)
+        flat = faiss.IndexBinaryFlat(bits)
+        flat.add(codes)
+        distances, found = flat.search(codes[rows], k + 1)
+        found = exclude_by_id(distances.astype(np.float32), found, rows, k)[1]
+        reached[name] = round(recall_at_k(found, truth), 4)
+        reporter.log(f"  rotation {name}: codes' recall@10 {reached[name]:.4f} on the sample")
+    best = max(kinds, key=lambda name: reached[name])  # the first of equals
+    return learned[best], {"rotation_recall_at_10": reached, "rotation_sample": len(sample)}
+
+
+def code_parts(
+    parts: Sequence[Part], rotation: Rotation, reporter: Reporter
+) -> tuple[np.ndarray, np.ndarray]:
+    """(codes (n, bits / 8) uint8, ids (n,) int64) of every row of the parts, in order, a
+    block at a time (each block checked to be unit vectors, pactl.index.build)."""
+    n = _count(parts)
+    codes = np.empty((n, rotation.bits // 8), dtype=np.uint8)
+    ids = np.empty(n, dtype=np.int64)
+    with reporter.bar("coding vectors", total=n) as advance:
+        for row, batch, batch_ids in _unit_blocks(parts):
+            codes[row : row + len(batch)] = rotation.codes(batch)
+            ids[row : row + len(batch)] = batch_ids
+            advance(len(batch))
+    return codes, ids
+
+
+def new_code_index(factory: str, bits: int) -> Any:
+    """An empty FAISS binary index of `factory` (BFlat, BIVF<nlist>[_HNSW<m>], BHNSW<m>) whose
+    ids are the items' ids (an id map around the kinds without ids of their own)."""
+    if not factory.startswith("B"):
+        raise PactlError(
+            f"--factory {factory!r}: a binary index takes BFlat, BIVF4096, BHNSW32 ..."
+        )
+    try:
+        index = faiss.index_binary_factory(bits, factory)
+    except RuntimeError as e:
+        raise PactlError(f"FAISS cannot make {factory!r} for {bits} bits: {faiss_reason(e)}") from e
+    if isinstance(faiss.downcast_IndexBinary(index), faiss.IndexBinaryIVF):
+        return index
+    return faiss.IndexBinaryIDMap2(index)
+
+
+def _train_codes(
+    index: Any,
+    codes: np.ndarray,
+    rng: np.random.Generator,
+    seed: int,
+    reporter: Reporter,
+    name: str,
+) -> int:
+    """Train an IVF's lists on a seeded sample of the codes; returns its size (0: none)."""
+    if index.is_trained:
+        return 0
+    ivf: Any = faiss.downcast_IndexBinary(index)
+    m = min(len(codes), TRAIN_POINTS_PER_LIST * int(ivf.nlist))
+    sample = codes[np.sort(rng.choice(len(codes), size=m, replace=False))]
+    ivf.cp.seed = seed
+    reporter.log(f"training {name} on {m:,} of {len(codes):,} codes")
+    try:
+        index.train(sample)
+    except RuntimeError as e:
+        raise PactlError(f"training {name} failed: {faiss_reason(e)}") from e
+    return m
+
+
+# ---------------------------------------------------------------------------- tuning
+
+
+def tune_binary(
+    binary: BinaryIndex,
+    parts: Sequence[Part],
+    config: IndexConfig,
+    rng: np.random.Generator,
+    reporter: Reporter,
+) -> tuple[BinaryIndex, dict[str, Any]]:
+    """The rescoring depth, then the code index's search setting, reaching Recall@10 >=
+    target against exact float search (each query's own id left out, as pactl.index.build's
+    tune does). The depth is tuned with the codes searched exhaustively (for an approximate
+    index to a target RESCORE_MARGIN higher, which its setting then spends), unless the
+    config gives it; the record goes to meta.json."""
+    n, target = _count(parts), config.target_recall
+    k = min(RECALL_K, n - 1)
+    record: dict[str, Any] = {"search_params": "", "recall_at_10": None, "target_recall": target}
+    if k < 1:
+        return binary, {**record, "target_reached": False, "tuning_queries": 0, "binary": {}}
+    rows = np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
+    queries, own = _read_rows(parts, rows)
+    truth = exact_neighbours(parts, queries, own, k)
+
+    def measure(candidates: int, params: str) -> float:
+        apply_search_params(binary.codes, params)
+        scores, found = binary.with_rescore(candidates).search(queries, k + 1)
+        return recall_at_k(exclude_by_id(scores, found, own, k)[1], truth)
+
+    knob = code_knob(binary.codes, k)
+    depth = config.rescore
+    if depth is None:
+        widest = knob.params(knob.high) if knob is not None else ""
+        aim = min(1.0, target + (RESCORE_MARGIN if knob is not None else 0.0))
+        tried = (queries, own, truth)
+        depth = _tuned_depth(binary, tried, k, widest, aim, reporter)
+    if knob is None:
+        params, recall = "", measure(depth, "")
+        reached = recall >= target
+    else:
+        found = _smallest_setting(knob, lambda p: measure(depth, p), target, reporter)
+        params, recall, reached = knob.params(found[0]), found[1], found[2]
+    hamming = measure(0, params)
+    apply_search_params(binary.codes, params)
+    if not reached:
+        reporter.log(f"recall@10 {recall:.4f} is below the target {target}: best these codes give")
+    record.update(search_params=params, recall_at_10=recall, target_reached=reached)
+    facts = {"hamming_recall_at_10": round(hamming, 4)}
+    return binary.with_rescore(depth), {**record, "tuning_queries": len(rows), "binary": facts}
+
+
+def _tuned_depth(
+    binary: BinaryIndex,
+    tried: tuple[np.ndarray, np.ndarray, np.ndarray],
+    k: int,
+    params: str,
+    aim: float,
+    reporter: Reporter,
+) -> int:
+    """The fewest candidates per hit whose rescoring reaches Recall@k `aim` for the `tried`
+    (queries, their own ids, their true neighbours). The codes are searched once (with
+    `params`), as deep as the deepest rescoring tried: a shallower one's candidates are the
+    first of those, ordered by (distance, id) as every search orders them."""
+    queries, own, truth = tried
+    apply_search_params(binary.codes, params)
+    depth = min(binary.ntotal, (k + 1) * MAX_TUNED_RESCORE)
+    _, pool = binary.candidates(binary.rotation.codes(queries), depth)
+
+    def measure(setting: str) -> float:
+        first = pool[:, : (k + 1) * int(setting.partition("=")[2])]
+        scores, found = rescore(binary.floats, binary.positions, queries, first, k + 1)
+        return recall_at_k(exclude_by_id(scores, found, own, k)[1], truth)
+
+    knob = _Knob("rescore", 1, MAX_TUNED_RESCORE, lambda f: f"rescore={f}")
+    return _smallest_setting(knob, measure, aim, reporter)[0]
+
+
+def code_knob(codes: Any, k: int) -> _Knob | None:
+    """The code index's search setting that trades speed for recall (nprobe of an IVF,
+    efSearch of a graph), or None for exact search."""
+    inner = faiss.downcast_IndexBinary(codes)
+    if isinstance(inner, faiss.IndexBinaryIVF):
+        return _Knob("nprobe", 1, int(inner.nlist), lambda p: f"nprobe={p}")
+    if hnsw_of(codes) is not None:
+        return _Knob("efSearch", max(16, k + 1), max(4096, k + 1), lambda e: f"efSearch={e}")
+    return None
+
+
+def apply_search_params(codes: Any, params: str) -> None:
+    """Set `name=value,...` (nprobe, efSearch) on the code index; "" sets nothing. An IVF's
+    graph quantiser looks at least twice as wide as the lists it returns."""
+    for pair in filter(None, params.split(",")):
+        name, _, value = pair.partition("=")
+        setting = int(value)
+        inner = faiss.downcast_IndexBinary(codes)
+        if name == "nprobe" and isinstance(inner, faiss.IndexBinaryIVF):
+            inner.nprobe = setting
+            graph = hnsw_of(inner.quantizer)
+            if graph is not None:
+                graph.hnsw.efSearch = max(64, 2 * setting)
+        elif name == "efSearch" and (graph := hnsw_of(codes)) is not None:
+            graph.hnsw.efSearch = setting
+        else:
+            raise PactlError(f"search_params {params!r}: {name} is not a setting of this index")
+
+
+# ---------------------------------------------------------------------------- upkeep
+
+
+def add_codes(
+    binary: BinaryIndex,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    positions: Callable[[np.ndarray], np.ndarray],
+    gen: Path,
+) -> BinaryIndex:
+    """`binary` with `vectors` appended: coded into its code index (same rotation, same lists)
+    and written after its float vectors into gen/floats.npy, which rows `positions` (the
+    joined item table's) map ids to."""
+    _check_unit_rows(vectors, np.arange(len(vectors)))
+    shape = (binary.ntotal + len(vectors), binary.d)
+    chunks = itertools.chain((b for _, b in blocks(binary.floats)), [vectors])
+    floats = write_floats(gen / FLOATS_FILE, shape, chunks)
+    binary.codes.add_with_ids(binary.rotation.codes(vectors), np.asarray(ids, dtype=np.int64))
+    return dataclasses.replace(binary, floats=floats, positions=positions)
+
+
+def codes_without(
+    binary: BinaryIndex,
+    dead: np.ndarray,
+    keep: np.ndarray,
+    items: Any,
+    gen: Path,
+    reporter: Reporter,
+) -> tuple[BinaryIndex, str]:
+    """`binary` less the `dead` ids: the float rows at `keep` (sorted positions) written to
+    gen/floats.npy for `items` (the table left), the codes removed with FAISS's remove_ids, or
+    (a graph, which cannot remove) coded again from those rows into the emptied index.
+    Returns it and how: "remove_ids" or "rebuilt"."""
+    floats = write_floats(gen / FLOATS_FILE, (len(keep), binary.d), rows_of(binary.floats, keep))
+    left = dataclasses.replace(binary, floats=floats, positions=items.positions)
+    try:
+        binary.codes.remove_ids(faiss.IDSelectorBatch(dead))
+        return left, "remove_ids"
+    except RuntimeError:
+        pass  # a graph cannot remove: its codes are made again from the vectors kept
+    reporter.log(f"coding the {len(keep):,} live vectors again into an emptied index")
+    binary.codes.reset()
+    for start in range(0, len(keep), ADD_BATCH):
+        rows = slice(start, start + ADD_BATCH)
+        block = np.ascontiguousarray(floats[rows])
+        binary.codes.add_with_ids(binary.rotation.codes(block), items.ids[rows])
+    return left, "rebuilt"
