@@ -171,32 +171,41 @@ class Index:
         return self.bundle.meta
 
     def query(
-        self, images: Query | Sequence[Query], k: int = 4, exclude_self: bool = False
+        self,
+        images: Query | Sequence[Query],
+        k: int = 4,
+        exclude_self: bool = False,
+        rescore: int | None = None,
     ) -> list[list[Hit]]:
         """The top-k hits of each query image, best first, one list per image in input order
         (a (B, 3, S, S) tensor counts B images). `exclude_self`: a query that is itself an
         indexed file (by path) is left out of its own hits, as `pactl query --exclude-self`
-        does. An image file that cannot be read is a PactlError naming it."""
+        does. `rescore`: a binary bundle's candidates per hit rescored by cosine, as `pactl
+        query --rescore` (0: Hamming order). An image file that cannot be read is a PactlError
+        naming it."""
         queries = _as_list(images)
         is_file = [isinstance(q, str | Path) for q in queries]
         files = [i for i, named in enumerate(is_file) if named]
         pictures = [i for i, named in enumerate(is_file) if not named]
         out: list[list[Hit]] = [[] for _ in queries]
-        found = self._query_files([Path(queries[i]) for i in files], k, exclude_self)
+        found = self._query_files([Path(queries[i]) for i in files], k, exclude_self, rescore)
         for i, row in zip(files, found, strict=True):
             out[i] = row
         if pictures:
             vectors = self.vectors_of([queries[i] for i in pictures])
             names = [_name_of(queries[i], i) for i in pictures]
-            for i, row in zip(pictures, self.search(vectors, k, names), strict=True):
+            for i, row in zip(pictures, self.search(vectors, k, names, rescore), strict=True):
                 out[i] = row
         return out
 
-    def _query_files(self, files: list[Path], k: int, exclude_self: bool) -> list[list[Hit]]:
+    def _query_files(
+        self, files: list[Path], k: int, exclude_self: bool, rescore: int | None = None
+    ) -> list[list[Hit]]:
         from pactl.verbs.query import answer_chunks
 
         rows: list[list[Hit]] = []
-        for chunk in answer_chunks(self.opened, files, k, exclude_self, self.reporter):
+        found = answer_chunks(self.opened, files, k, exclude_self, self.reporter, rescore=rescore)
+        for chunk in found:
             if chunk.failed:
                 name, reason = chunk.failed[0]
                 raise PactlError(f"unreadable query image {name}: {reason}")
@@ -204,15 +213,20 @@ class Index:
         return rows
 
     def search(
-        self, vectors: np.ndarray, k: int = 4, names: Sequence[str] | None = None
+        self,
+        vectors: np.ndarray,
+        k: int = 4,
+        names: Sequence[str] | None = None,
+        rescore: int | None = None,
     ) -> list[list[Hit]]:
         """The top-k hits of each row of `vectors` ((N, dimension) float32, unit rows, from this
-        bundle's network); `names` become the hits' `query` (default: the row numbers)."""
+        bundle's network); `names` become the hits' `query` (default: the row numbers);
+        `rescore` as in query."""
         from pactl.index.search import hits, search
 
         x = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
         labels = list(names) if names is not None else [str(i) for i in range(len(x))]
-        scores, ids = search(self.bundle, x, k)
+        scores, ids = search(self.bundle, x, k, rescore=rescore)
         return hits(self.bundle, labels, scores, ids)
 
     def vectors_of(self, images: Sequence[Any]) -> np.ndarray:
@@ -361,13 +375,26 @@ def build_index(
     target_recall: float = 0.95,
     overwrite: bool = False,
     progress: bool = False,
+    binary: bool | None = None,
+    bits: int = 0,
+    rotation: str = "auto",
+    rescore: int | None = None,
 ) -> Path:
     """`pactl index VECTORS --out OUT`: a bundle from an embed output folder; returns its
-    folder (default: runs/<run>/index beside the checkpoint, else ./index)."""
+    folder (default: runs/<run>/index beside the checkpoint, else ./index). `binary`, `bits`,
+    `rotation`, `rescore`: `--binary` and its options (binary by default for the vectors of a
+    network trained with --bits)."""
     from pactl.config import check
     from pactl.verbs.index import index_vectors
 
-    config = IndexConfig(factory=factory, target_recall=target_recall)
+    config = IndexConfig(
+        factory=factory,
+        target_recall=target_recall,
+        binary=binary,
+        bits=bits,
+        rotation=rotation,
+        rescore=rescore,
+    )
     check(config, lambda field: field, PactlError)
     bundle, _ = index_vectors(
         Path(vectors), Path(out) if out is not None else None, config, _reporter(progress),

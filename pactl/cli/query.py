@@ -119,6 +119,16 @@ def query(
     collection: Annotated[
         str, typer.Option(help="With --qdrant: the collection.")
     ] = QdrantConfig.collection,
+    rescore: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=10_000,
+            help="A binary bundle (pactl index --binary): candidates per hit rescored by exact "
+            "cosine, instead of the bundle's measured default; 0: hits in Hamming order, "
+            "scored 1 - 2 x distance / bits.",
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Top-k most similar indexed images for each query image, on stdout.
@@ -137,6 +147,7 @@ def query(
       pactl query img.png --server http://127.0.0.1:8000
       pactl query new.jpg --same-item --k 10   # already indexed?
       pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
+      pactl query img.png --index codes/ --rescore 0   # a binary bundle, Hamming order
     """
     from pactl.output import HitWriter
     from pactl.verbs.query import find_bundle, query_chunks
@@ -145,8 +156,7 @@ def query(
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid, overwrite)
     check_query_format(images, fmt, paths_only, null, same_item, threshold)
-    if qdrant is None and collection != QdrantConfig.collection:
-        raise UsageError("--collection goes with --qdrant")
+    check_qdrant(qdrant, collection, rescore)
     if server is not None:
         if qdrant is not None:
             raise UsageError("--server searches the service's bundle: drop --qdrant")
@@ -161,7 +171,7 @@ def query(
         from pactl.serve.client import check_url, remote_chunks
 
         paths = query_paths(images, null, follow_links, log)
-        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self, same_item)
+        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self, same_item, rescore)
         chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
         skipped = answer_queries(
             chunks, HitWriter(out, sys.stdout, chosen, paths_only, null), strict, None
@@ -188,6 +198,7 @@ def query(
         same_item=same_item,
         threshold=threshold,
         qdrant=(qdrant, collection) if qdrant is not None else None,
+        rescore=rescore,
     )
     skipped = answer_queries(chunks, writer, strict, pictured if grid is not None else None)
     if grid is not None:
@@ -246,6 +257,14 @@ def no_answer(skipped: int, held: list[tuple[str, str]]) -> str:
         return "cannot read query image {}: {}".format(*held[0])
     first = " (first: {}: {})".format(*held[0]) if held else ""
     return f"none of the {skipped} query images could be read{first}"
+
+
+def check_qdrant(qdrant: str | None, collection: str, rescore: int | None) -> None:
+    """--collection needs --qdrant; --rescore (a binary bundle's own codes) does not go with it."""
+    if qdrant is None and collection != QdrantConfig.collection:
+        raise UsageError("--collection goes with --qdrant")
+    if qdrant is not None and rescore is not None:
+        raise UsageError("--rescore is for a binary bundle's own codes: drop it with --qdrant")
 
 
 def check_query_format(

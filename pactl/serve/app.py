@@ -33,6 +33,7 @@ from starlette.datastructures import FormData
 from pactl.config import EmbedConfig
 from pactl.embed import decode_files
 from pactl.errors import Busy, NoSpace, PactlError, ReadOnly
+from pactl.index.binary.search import MAX_RESCORE
 from pactl.rules import MAX_K
 from pactl.serve.bodies import json_object, names_of, upload_form, uploads_of
 from pactl.serve.config import ServeConfig
@@ -228,6 +229,13 @@ def _queries(app: FastAPI) -> None:
         ),
         id: list[int] = Query([], description="Query with these items' images."),  # noqa: A002
         path: list[str] = Query([], description="Images under an --allow-root folder."),
+        rescore: int | None = Query(
+            None,
+            ge=0,
+            le=MAX_RESCORE,
+            description="A binary bundle: candidates per hit rescored by exact cosine "
+            "(default: the bundle's measured depth; 0: Hamming order).",
+        ),
         form: FormData | None = Depends(upload_form),
     ) -> Response:
         """Top-k for uploaded images (`file`, `files`), items (`id`) or allowed paths (`path`):
@@ -241,10 +249,12 @@ def _queries(app: FastAPI) -> None:
             raise HTTPException(400, "no query: upload file/files, or give ?id= or ?path=")
         if count > config.max_files:
             raise HTTPException(413, f"{count} queries in one request; at most {config.max_files}")
+        if rescore is not None and not hasattr(engine.fresh().bundle.index, "with_rescore"):
+            raise HTTPException(400, "rescore is for binary bundles; this one holds float vectors")
         opened: list[int] = []  # ?path= files, open until decoded: never opened again by name
         try:
             with tempfile.TemporaryDirectory(prefix="pactl-serve-") as scratch:
-                job = Job([], [], [], k, exclude_self)
+                job = Job([], [], [], k, exclude_self, rescore=rescore)
                 job.min_score = _same_item_threshold(engine) if same_item else None
                 files = await run_in_threadpool(write_scratch, uploads, Path(scratch))
                 for i, (file, upload) in enumerate(zip(files, uploads, strict=True)):

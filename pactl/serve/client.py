@@ -50,9 +50,14 @@ def remote_chunks(
     k: int,
     exclude_self: bool,
     same_item: bool = False,
+    rescore: int | None = None,
 ) -> Iterator[QueryChunk]:
     """Yield a QueryChunk per request; images that cannot be read here, or that exceed the
-    service's upload limit alone, are failed here."""
+    service's upload limit alone, are failed here. `rescore`: a binary bundle's candidates per
+    hit (the service's default when None)."""
+    asked = {"k": str(k), "exclude_self": str(exclude_self).lower()}
+    asked |= {"same_item": "true"} if same_item else {}
+    asked |= {"rescore": str(rescore)} if rescore is not None else {}
     limit, most = limits(url, token)
     budget = limit - FORM_BYTES
     pending: list[tuple[str, bytes]] = []
@@ -70,12 +75,12 @@ def remote_chunks(
             failed.append((name, f"{len(data):,} bytes: over the service's upload limit"))
             continue
         if pending and (len(pending) >= min(CHUNK, most) or size + cost > budget):
-            yield _ask(url, token, pending, failed, k, exclude_self, same_item)
+            yield _ask(url, token, pending, failed, asked)
             pending, failed, size = [], [], 0
         pending.append((name, data))
         size += cost
     if pending or failed:
-        yield _ask(url, token, pending, failed, k, exclude_self, same_item)
+        yield _ask(url, token, pending, failed, asked)
 
 
 def limits(url: str, token: str | None) -> tuple[int, int]:
@@ -108,16 +113,14 @@ def _ask(
     token: str | None,
     pending: list[tuple[str, bytes]],
     failed: list[tuple[str, str]],
-    k: int,
-    exclude_self: bool,
-    same_item: bool = False,
+    asked: dict[str, str],
 ) -> QueryChunk:
+    """One POST /query of the `pending` images with the parameters `asked`."""
     if not pending:
         return QueryChunk([], [], failed, [])
     names = [name for name, _ in pending]
     keys = [os.path.abspath(name) for name in names]  # the service finds the items by these
-    asked = {"k": k, "exclude_self": str(exclude_self).lower()}
-    query = urlencode({**asked, **({"same_item": "true"} if same_item else {})})
+    query = urlencode(asked)
     reply = post_files(f"{url}/query?{query}", token, pending, {"names": json.dumps(keys)})
     try:
         return _chunk(reply, dict(zip(keys, names, strict=True)), failed)

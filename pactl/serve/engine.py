@@ -70,6 +70,7 @@ class Job:
     future: asyncio.Future[Answer] | None = None
     decoded: Any = None  # the files as embed.decode_files gives them, decoded before batching
     min_score: float | None = None  # same_item: hits below this cosine are left out
+    rescore: int | None = None  # a binary bundle's candidates per hit (None: its own depth)
 
     def add(self, file: Path, name: str, own: int | str | None) -> None:
         self.files.append(file)
@@ -177,7 +178,7 @@ class Engine:
         names = [job.names[i] for i in kept]
         own = self._own_ids(snapshot, [job.own[i] for i in kept]) if job.exclude_self else None
         rows = vectors[[row_of[positions[i]] for i in kept]]
-        scores, ids = search(snapshot.bundle, rows, job.k, own)
+        scores, ids = search(snapshot.bundle, rows, job.k, own, rescore=job.rescore)
         found = hits(snapshot.bundle, names, scores, ids)
         if job.min_score is not None:
             found = [[h for h in row if h.score >= job.min_score] for row in found]

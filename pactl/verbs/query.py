@@ -76,13 +76,18 @@ def query_chunks(
     qdrant: tuple[str, str] | None = None,
     same_item: bool = False,
     threshold: float | None = None,
+    rescore: int | None = None,
 ) -> Any:
     """Yield a QueryChunk per `chunk` query images: memory stays bounded for any number.
     `qdrant`: (URL or folder, collection) searched instead of the bundle's index, the queries
     embedded with the bundle's network all the same. With `same_item`, only hits at or above
     the same-item threshold (`threshold`, else the bundle's calibrated one) are kept: a query
-    may then have none."""
+    may then have none. `rescore`: a binary bundle's candidates per hit rescored by cosine
+    (0: Hamming order), instead of its own."""
+    from pactl.index.search import rescored
+
     opened = open_query_model(bundle_dir, checkpoint, device_name, faiss_device)
+    rescored(opened.bundle.index, rescore)  # a float bundle has nothing to rescore: said now
     least = None
     if same_item:
         from pactl.calibrate import same_item_threshold
@@ -97,7 +102,17 @@ def query_chunks(
         find = QdrantSearch(*qdrant, int(opened.bundle.index.d), k)
     try:
         yield from answer_chunks(
-            opened, images, k, exclude_self, reporter, chunk, batch_size, know_labels, find, least
+            opened,
+            images,
+            k,
+            exclude_self,
+            reporter,
+            chunk,
+            batch_size,
+            know_labels,
+            find,
+            least,
+            rescore,
         )
     finally:
         if find is not None:
@@ -115,11 +130,12 @@ def answer_chunks(
     know_labels: bool = False,
     find: Any = None,
     least: float | None = None,
+    rescore: int | None = None,
 ) -> Any:
     """query_chunks over a bundle and model already open (open_query_model): `pactl query` and
     pactl.api.Index.query embed and search query files by this one loop. `find(names, vectors,
     own ids or None)` gives the hits instead of the bundle's index (a Qdrant collection). Hits
-    below `least` (a same-item threshold) are left out."""
+    below `least` (a same-item threshold) are left out; `rescore` as in query_chunks."""
     from itertools import islice
 
     from pactl.embed import embed_files, fastpath
@@ -140,7 +156,8 @@ def answer_chunks(
         names = [str(batch[i]) for i in done.rows]
         own = lookup.ids(names) if lookup else np.full(len(names), -1, dtype=np.int64)
         if find is None:
-            scores, ids = search(bundle, done.vectors, k, own if exclude_self else None)
+            excluded = own if exclude_self else None
+            scores, ids = search(bundle, done.vectors, k, excluded, rescore=rescore)
             found = hits(bundle, names, scores, ids)
         else:
             found = find(names, done.vectors, own if exclude_self else None)
