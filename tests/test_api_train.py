@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,36 @@ def test_bad_evaluate_input_is_one_pactl_error() -> None:
     (Path("elsewhere") / "best.pt").write_bytes(run.checkpoint.read_bytes())
     with pytest.raises(PactlError, match="give the dataset, folder or CSV to evaluate on"):
         pactl.evaluate("elsewhere/best.pt")  # no run folder around it to name its dataset
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "api.md"
+
+
+def section_blocks(title: str) -> list[str]:
+    """The ```python blocks of one `## title` section of docs/api.md."""
+    text = DOCS.read_text(encoding="utf-8")
+    section = text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```python\n(.*?)^```$", section, flags=re.S | re.M)
+
+
+def test_the_train_and_loss_sections_of_docs_api_print_what_they_say(capsys) -> None:
+    """Those two sections' blocks, on their own, in a folder with photos/ as the page's test
+    makes it (4 classes of 4 images): the run they print is the one on disk, evaluate's numbers
+    are its last epoch's, the misspelt setting is named, the proxies stay float32."""
+    make_class_folder(Path("photos"), classes=4, per_class=4)
+    namespace: dict[str, Any] = {}
+    for title in ("Train and evaluate", "The loss in your own loop"):
+        for block in section_blocks(title):
+            exec(compile(block, str(DOCS), "exec"), namespace)  # noqa: S102
+    lines = capsys.readouterr().out.splitlines()
+    folder = Path("runs", "mine").resolve()
+    assert lines[0] == f"{folder} 1 {folder / 'best.pt'}"
+    rows = csv_rows(folder / "metrics.csv")
+    assert lines[1].split() == ["epoch", "recall@1", "map@r"]
+    assert [line.split()[1] for line in lines[2:4]] == ["0", "1"]
+    recall, map_r = (float(v) for v in lines[4].split())
+    assert recall == pytest.approx(float(rows[1]["recall@1"]), abs=1e-6)
+    assert map_r == pytest.approx(float(rows[1]["map@r"]), abs=1e-6)
+    assert lines[5] == "batch_sise is not a setting of pactl train (did you mean batch_size?)"
+    assert re.fullmatch(r"loss \d+\.\d{3} torch\.float32", lines[6])
+    assert lines[7:] == []
