@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 DEMO_HOME := $(CURDIR)/.pactl
 PACTL := PACTL_HOME=$(DEMO_HOME) $(BIN)/pactl
 
-.PHONY: install test test-all lint format demo bench bench-real clean
+.PHONY: install test test-all lint format demo readme-picture bench bench-real clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ demo: $(STAMP)
 	$(PACTL) train digits --name demo --overwrite
 	$(PACTL) index
 	$(PACTL) query $(DEMO_HOME)/datasets/digits/7/0007.png --k 4 --exclude-self --format table
+
+# The README's picture (docs/img/demo-query.png): the demo's run answering one query of each
+# unseen digit, redrawn from scratch in a temporary folder (about a minute on 2 CPU cores).
+readme-picture: $(STAMP)
+	$(BIN)/python bench/readme_picture.py --out docs/img/demo-query.png
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
