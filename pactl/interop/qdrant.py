@@ -64,9 +64,12 @@ def ensure_collection(client: Any, name: str, dimension: int) -> bool:
 
 def bundle_vectors(bundle: Any) -> tuple[np.ndarray, Any]:
     """(vectors, ItemTable) of a loaded bundle's live items, from its index: exact for Flat and
-    IVF-Flat, the coded ones for lossy kinds (PQ, SQ)."""
+    IVF-Flat, the coded ones for lossy kinds (PQ, SQ); a binary bundle's float vectors."""
     live = ~bundle.is_deleted(bundle.items.ids)
     items = bundle.items.take(live)
+    floats = getattr(bundle.index, "floats", None)  # a binary bundle's (row i: item row i)
+    if floats is not None:
+        return np.ascontiguousarray(floats[np.flatnonzero(live)], dtype=np.float32), items
     return _reconstruct(bundle.index, items.ids, bundle.path), items
 
 

@@ -86,8 +86,15 @@ def _searcher(folder: Path, reporter: Reporter) -> tuple[Any, Any, dict[str, Any
 
     if _is_bundle(folder):
         from pactl.index import load_bundle
+        from pactl.index.binary.search import BinaryIndex
 
         bundle = load_bundle(folder, mmap=False)
+        live = ~bundle.is_deleted(bundle.items.ids)
+        if isinstance(bundle.index, BinaryIndex):  # its float vectors: exact, as a folder's
+            floats = bundle.index.floats
+            vectors = floats if live.all() else floats[np.flatnonzero(live)]
+            found = VectorSearcher(vectors, reporter=reporter)
+            return found, bundle.items.take(np.flatnonzero(live)), bundle.meta
         check_range_search(bundle.index, str(folder))
         searcher = BundleSearcher(bundle)
         if searcher.approximate:
@@ -95,7 +102,6 @@ def _searcher(folder: Path, reporter: Reporter) -> tuple[Any, Any, dict[str, Any
                 f"{folder} stores compressed codes: scores are approximate; dedup its vectors "
                 "folder for exact ones"
             )
-        live = ~bundle.is_deleted(bundle.items.ids)
         return searcher, bundle.items.take(np.flatnonzero(live)), bundle.meta
     from pactl.verbs.vectors import gather_vectors
 
