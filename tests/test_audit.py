@@ -187,7 +187,7 @@ def test_a_run_without_proxies_asked_for_them_is_one_line(
     )
     assert code == 2 and "has no proxies" in one_error(err)
     code, out, err = run_cli(["audit", "runs/ms", "--no-copies", "-f", "csv"], monkeypatch, capsys)
-    assert code == 0, err  # auto: the class means stand in
+    assert code == 0, err  # the class means, the default, need no proxies
     assert out.count("\nlabel,") == 16
 
 

@@ -27,9 +27,8 @@ class Score(str, Enum):  # pactl.verbs.audit.SCORES
 
 
 class Centres(str, Enum):  # pactl.verbs.audit.CENTRES
-    auto = "auto"
-    proxies = "proxies"
     means = "means"
+    proxies = "proxies"
 
 
 def audit(
@@ -61,10 +60,11 @@ def audit(
     centres: Annotated[
         Centres,
         typer.Option(
-            help="What the classes are: auto (the run's proxies where it has them, else the "
-            "class means), proxies, means."
+            help="What the classes are: means (each class's mean vector, the item left out of "
+            "its own; the default: it ranks planted flips better) or proxies (the run's own, "
+            "for the classes it trained on)."
         ),
-    ] = Centres.auto,
+    ] = Centres.means,
     neighbours: Annotated[int, typer.Option(min=1, max=1000, help="Nearest items asked.")] = 10,
     top: Annotated[int, typer.Option(min=0, help="Rows of each list (0: every row, ranked).")] = 20,
     copy_threshold: Annotated[

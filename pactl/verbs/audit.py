@@ -23,14 +23,14 @@ from pactl.verbs.copies import Copy, CopyThreshold
 from pactl.verbs.labelled import NO_PROXIES, Labelled
 
 SCORES = ("blend", "classes", "neighbours")  # what ranks the suspected labels
-CENTRES = ("auto", "proxies", "means")  # what the classes' witness holds an item against
+CENTRES = ("means", "proxies")  # what the classes' witness holds an item against
 
 
 @dataclass(frozen=True)
 class AuditConfig:
     source: str | None = None  # the labelled images (default: the run's own data)
     score: str = "blend"  # one of SCORES
-    centres: str = "auto"  # one of CENTRES; auto: the run's proxies where it has them
+    centres: str = "means"  # one of CENTRES (means rank planted flips better: docs/audit.md)
     neighbours: int = doubt.NEIGHBOURS  # k nearest other items asked
     copy_threshold: float | None = None  # cosine; None: calibrated on copies made of the set
     copies: bool = True  # look for copies across splits and under two labels
@@ -74,7 +74,8 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     if (target / "config.json").is_file():
         data = read_run(target, config.source, config.device, reporter, config.centres == "proxies")
     else:
-        data = read_bundle(target, config.source, reporter)
+        needs = config.copies and config.copy_threshold is None  # copies to embed
+        data = read_bundle(target, config.source, reporter, needs)
     centres, witness = choose_centres(data, config)
     reporter.log(f"auditing {counted(len(data), 'labelled item')} of {data.what}: {witness}")
     scores, found, sims = score_rows(data, centres, config, reporter)
@@ -105,7 +106,7 @@ def choose_centres(
     if config.centres == "proxies" and data.proxies is None:
         raise UsageError(NO_PROXIES.format(what=data.what))
     means = class_means(data, config.batch_size)
-    use = data.proxies if config.centres != "means" else None
+    use = data.proxies if config.centres == "proxies" else None
     if use is None:
         return (None, means), "classes by their means (each item left out of its own)"
     return (use, means), (

@@ -166,8 +166,11 @@ def trained_labels(
     return [noisy.get(p, n) for p, n in zip(paths, names, strict=True)], changed
 
 
-def read_bundle(folder: Path, source: str | None, reporter: Reporter) -> Labelled:
-    """A bundle's live items, vectors and index; labels from its items or from `source`."""
+def read_bundle(
+    folder: Path, source: str | None, reporter: Reporter, network: bool = True
+) -> Labelled:
+    """A bundle's live items, vectors and index; labels from its items or from `source`; the
+    network that made its vectors where `network` (copies are looked for) and it opens."""
     from pactl.index import load_bundle
     from pactl.index.dedup import BundleSearcher
     from pactl.index.search import search
@@ -204,7 +207,7 @@ def read_bundle(folder: Path, source: str | None, reporter: Reporter) -> Labelle
         vectors=lambda r: reader.vectors(rows[r]),
         neighbours=neighbours,
         proxies=None,
-        network=bundle_network(bundle.meta, reporter),
+        network=bundle_network(bundle.meta, reporter) if network else None,
         what=str(folder),
     )
 

@@ -1,0 +1,251 @@
+"""`pactl audit` measured: planted wrong labels found, planted copies across splits found, and an
+audit of 1,000,000 items through a bundle's FAISS index.
+
+    python bench/bench_audit.py labels RUN [RUN ...]
+    python bench/bench_audit.py copies RUN --set /tmp/pactl-real/fonts28 --work /tmp/copies
+    python bench/bench_audit.py scale --work /tmp/audit-1m [--n 1000000 --dim 512]
+
+labels: each RUN trained with --label-noise (noise.csv lists the changed rows) is audited on the
+labels it trained with; among its training rows, every score's ranking of the changed labels:
+AUROC and precision among the top K (K = the number changed), for the classes' witness
+(proxies, or class means without the item), the neighbours' (k = 10), and their blends; beside
+them cleanlab 2.x on the same vectors: out-of-sample predicted probabilities from a 10-nearest-
+neighbour classifier (scikit-learn, cosine, 5 folds), ranked by get_label_quality_scores
+(self-confidence), and how many labels find_label_issues flags.
+
+copies: copies of --copies training images of --set, each resized (0.5 to 0.8 or 1.25 to 2 of the
+side), cropped (80 to 95% of each side), saved as JPEG (quality 30 to 70) or all three, written to
+--work and added to the test split (half under their own label, half under a test class's: leaks
+that also carry two labels); `pactl audit RUN --source planted.csv` at its calibrated threshold.
+Recall: the planted pairs reported as leaks. A reported pair is false when it is not planted and
+its two images differ (pixels compared at the smaller one's size: more than 8 of 255 anywhere).
+
+scale: --n unit vectors of bench_index's clustered mixture (n/50 classes) with 10% of the labels
+moved to another class, a bundle built by `pactl index` (its default index), then `pactl audit
+BUNDLE --no-copies --top 100` in a fresh process under /usr/bin/time: wall time, peak memory
+(max RSS) and the ranking's AUROC and precision among the top K of the moved labels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+from pactl import doubt  # noqa: E402
+from pactl.console import Reporter  # noqa: E402
+from pactl.verbs.audit import AuditConfig, choose_centres, score_rows  # noqa: E402
+from pactl.verbs.labelled import read_run  # noqa: E402
+
+VARIANTS = (  # name, --score, --centres
+    ("classes: proxies", "classes", "proxies"),
+    ("classes: class means", "classes", "means"),
+    ("neighbours (k=10)", "neighbours", "means"),
+    ("blend: proxies + neighbours", "blend", "proxies"),
+    ("blend: means + neighbours", "blend", "means"),
+)
+
+
+def ranking_figures(doubt_of: np.ndarray, planted: np.ndarray) -> tuple[float, float]:
+    k = int(planted.sum())
+    top = np.lexsort((np.arange(len(doubt_of)), -doubt_of))[:k]
+    return doubt.auroc(doubt_of, planted), float(planted[top].mean())
+
+
+def cleanlab_doubt(vectors: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, int]:
+    """(1 - cleanlab's label quality, how many find_label_issues flags) from out-of-sample
+    10-NN probabilities on the same vectors."""
+    from cleanlab.filter import find_label_issues
+    from cleanlab.rank import get_label_quality_scores
+    from sklearn.model_selection import cross_val_predict
+    from sklearn.neighbors import KNeighborsClassifier
+
+    labels = np.unique(labels, return_inverse=True)[1]  # cleanlab wants codes 0..K-1
+    knn = KNeighborsClassifier(n_neighbors=10, metric="cosine")
+    probs = cross_val_predict(knn, vectors, labels, cv=5, method="predict_proba")
+    quality = get_label_quality_scores(labels, probs)
+    return 1.0 - quality, int(find_label_issues(labels, probs).sum())
+
+
+def labels_mode(runs: list[Path]) -> None:
+    log = Reporter(quiet=True)
+    print("| run | changed | score | AUROC | precision@K |")
+    print("| --- | ---: | --- | ---: | ---: |")
+    for run in runs:
+        data = read_run(run, None, "cpu", log)
+        if data.planted is None:
+            print(f"| {run.name} | - | (no noise.csv) | | |")
+            continue
+        train = np.array([s == "train" for s in data.splits])
+        planted = data.planted[train]
+        for name, score, centres in VARIANTS:
+            if centres == "proxies" and data.proxies is None:
+                continue
+            config = AuditConfig(score=score, centres=centres, copies=False)
+            scores, _, _ = score_rows(data, choose_centres(data, config)[0], config, log)
+            auc, prec = ranking_figures(scores.doubt[train], planted)
+            print(f"| {run.name} | {int(planted.sum())} | {name} | {auc:.4f} | {prec:.4f} |")
+        vectors = data.vectors(np.flatnonzero(train))
+        theirs, flagged = cleanlab_doubt(vectors, data.codes[train])
+        auc, prec = ranking_figures(theirs, planted)
+        print(
+            f"| {run.name} | {int(planted.sum())} | cleanlab (10-NN, 5 folds; flags "
+            f"{flagged}) | {auc:.4f} | {prec:.4f} |",
+            flush=True,
+        )
+
+
+def plant_copies(source: str, work: Path, count: int, seed: int) -> Path:
+    """planted.csv in `work`: the set's manifest (absolute paths) with copies of `count` train
+    images added to the test split; copies.csv: (copy, original)."""
+    from PIL import Image
+
+    from pactl.console import QUIET
+    from pactl.datasets import load_source
+    from pactl.verbs.copies import CHANGES, changed_copy
+
+    m = load_source(source, QUIET)
+    rng = np.random.default_rng(seed)
+    train = [i for i, s in enumerate(m.splits) if s == "train"]
+    test_names = sorted({m.class_names[i] for i, s in enumerate(m.splits) if s != "train"})
+    rows = [
+        (str(m.root / p), n, s, n) for p, n, s in zip(m.paths, m.class_names, m.splits, strict=True)
+    ]
+    pairs = []
+    (work / "copies").mkdir(parents=True, exist_ok=True)
+    for n, i in enumerate(rng.choice(train, size=count, replace=False).tolist()):
+        copy, suffix = changed_copy(Image.open(m.root / m.paths[i]), CHANGES[n % 4], rng)
+        out = work / "copies" / f"{n:05d}{suffix}"
+        copy.save(out, quality=int(rng.integers(30, 71))) if suffix == ".jpg" else copy.save(out)
+        label = m.class_names[i] if n % 2 == 0 else test_names[int(rng.integers(len(test_names)))]
+        rows.append((str(out), label, "test", label))
+        pairs.append((str(out), str(m.root / m.paths[i])))
+    with open(work / "planted.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("path", "label", "split", "class_name"), *rows])
+    with open(work / "copies.csv", "w", newline="") as f:
+        csv.writer(f).writerows([("copy", "original"), *pairs])
+    return work / "planted.csv"
+
+
+def same_pixels(a: str, b: str) -> bool:
+    from PIL import Image
+
+    x, y = Image.open(a).convert("L"), Image.open(b).convert("L")
+    size = min(x.size, y.size)
+    xa = np.asarray(x.resize(size), dtype=np.int16)
+    ya = np.asarray(y.resize(size), dtype=np.int16)
+    return bool(np.abs(xa - ya).max() <= 8)
+
+
+def copies_mode(run: Path, source: str, work: Path, count: int, seed: int) -> None:
+    planted_csv = plant_copies(source, work, count, seed)
+    with open(work / "copies.csv", newline="") as f:
+        truth = {tuple(sorted(r)) for r in csv.reader(f)} - {("copy", "original")}
+    began = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pactl", "audit", str(run), "--source", str(planted_csv),
+         "--top", "0", "-f", "csv"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - began
+    leaks = [r for r in csv.DictReader(done.stdout.splitlines()) if r["kind"] == "leak"]
+    found = {tuple(sorted((r["path"], r["other"]))) for r in leaks}
+    false = [p for p in found - truth if not same_pixels(*p)]
+    print(done.stderr.strip())
+    print(f"planted copies: {len(truth)}; leak pairs reported: {len(found)}")
+    print(f"recall of the planted pairs: {len(found & truth) / len(truth):.4f}")
+    print(f"reported pairs not planted: {len(found - truth)}, of which pixels differ: {len(false)}")
+    print(f"false share of the reported pairs: {len(false) / max(len(found), 1):.4f}")
+    print(f"audit wall time: {seconds:.1f} s")
+
+
+def scale_mode(work: Path, n: int, dim: int, seed: int) -> None:
+    from bench.bench_index import Mixture
+
+    work.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    vectors, classes = Mixture(n, dim, rng).draw(n, rng)
+    moved = rng.random(n) < 0.10
+    labels = classes.copy()
+    shift = rng.integers(1, classes.max() + 1, size=int(moved.sum()))
+    labels[moved] = (classes[moved] + shift) % (classes.max() + 1)
+    folder = work / "vectors"
+    folder.mkdir(exist_ok=True)
+    np.save(folder / "vectors.npy", vectors)
+    del vectors
+    write_items(folder / "items.csv", [f"c{c}" for c in labels.tolist()])
+    meta = {
+        "format": "pactl.vectors", "version": 1, "dimension": dim, "count": n, "metric": "ip",
+        "checkpoint": None, "fingerprint": "0" * 64, "model_config": {},
+    }  # fmt: skip
+    (folder / "meta.json").write_text(json.dumps(meta))
+    np.save(work / "moved.npy", moved)
+    began = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pactl", "index", str(folder), "--out", str(work / "b"),
+                    "--overwrite", "-q"], check=True)  # fmt: skip
+    print(f"bundle built in {time.perf_counter() - began:.1f} s")
+    with open(work / "audit.csv", "w") as out:
+        timed = subprocess.run(
+            ["/usr/bin/time", "-v", sys.executable, "-m", "pactl", "audit", str(work / "b"),
+             "--no-copies", "--top", "0", "-f", "csv"],
+            stdout=out, stderr=subprocess.PIPE, text=True, check=True,
+        )  # fmt: skip
+    report_scale(timed.stderr, work, moved)
+
+
+def write_items(path: Path, names: list[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("id", "path", "label", "size", "mtime_ns"))
+        w.writerows((i, f"/items/{i}.jpg", name, 0, 0) for i, name in enumerate(names))
+
+
+def report_scale(stderr: str, work: Path, moved: np.ndarray) -> None:
+    """/usr/bin/time's lines, and the ranking of the moved labels read back from audit.csv."""
+    wanted = ("Elapsed (wall clock)", "Maximum resident set size", "User time", "System time")
+    for line in stderr.splitlines():
+        if any(w in line for w in wanted) or "labelled item" in line:
+            print(line.strip())
+    score = np.full(len(moved), np.nan)
+    with open(work / "audit.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            if row["kind"] == "label":
+                score[int(row["path"].rsplit("/", 1)[1].split(".")[0])] = float(row["score"])
+    auc, prec = ranking_figures(score, moved)
+    print(
+        f"moved labels: {int(moved.sum()):,}; AUROC {auc:.4f}; precision among the top K {prec:.4f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("labels", "copies", "scale"))
+    p.add_argument("runs", nargs="*", type=Path)
+    p.add_argument("--set", dest="source", default="/tmp/pactl-real/fonts28")
+    p.add_argument("--work", type=Path, default=Path("/tmp/pactl-audit-bench"))
+    p.add_argument("--copies", type=int, default=200)
+    p.add_argument("--n", type=int, default=1_000_000)
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    print(f"command: python bench/bench_audit.py {' '.join(sys.argv[1:])}")
+    if args.mode == "labels":
+        labels_mode(args.runs)
+    elif args.mode == "copies":
+        copies_mode(args.runs[0], args.source, args.work, args.copies, args.seed)
+    else:
+        scale_mode(args.work, args.n, args.dim, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
