@@ -27,7 +27,7 @@ from pactl.cli.options import (
     to_stdout,
     writing,
 )
-from pactl.config import TRAIN_RULES, ModelConfig
+from pactl.config import TRAIN_RULES, IndexConfig, ModelConfig, check, option_name
 from pactl.console import out
 from pactl.errors import UsageError
 from pactl.paths import runs_dir
@@ -69,6 +69,38 @@ def eval_(
         float,
         typer.Option(min=0.0, max=1.0, help="With --calibrate: the precision to reach."),
     ] = 0.99,
+    binary: Annotated[
+        bool,
+        typer.Option(
+            "--binary",
+            help="Also the metrics of the vectors' binary codes (codes_*: Hamming order, ties "
+            "broken by id) and of those codes rescored by cosine (rescored_*), made as `pactl "
+            "index --binary` makes them of the evaluated vectors.",
+        ),
+    ] = False,
+    bits: Annotated[
+        int | None, typer.Option(min=8, help="With --binary: bits per code (as pactl index).")
+    ] = None,
+    rotation: Annotated[
+        str | None,
+        typer.Option(help="With --binary: auto, none, itq or lsh (as pactl index)."),
+    ] = None,
+    rescore: Annotated[
+        int | None,
+        typer.Option(
+            min=0, max=10_000, help="With --binary: candidates per hit rescored (as pactl index)."
+        ),
+    ] = None,
+    index_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--index",
+            exists=True,
+            file_okay=False,
+            help="The codes of this binary bundle (its rotation and rescoring depth) and, "
+            "unless given, its network: implies --binary.",
+        ),
+    ] = None,
     workers: Workers = 0,
     device: Device = "auto",
     follow_links: FollowLinks = False,
@@ -84,12 +116,19 @@ def eval_(
       pactl eval cars196 --checkpoint runs/<run>/best.pt --report cars.csv
       pactl eval my_photos/ --backbone resnet50   # the ImageNet start
       pactl eval --calibrate --precision 0.995   # same-item threshold
+      pactl eval fonts --binary --bits 64        # + 64-bit codes, and rescored
+      pactl eval fonts --index runs/<run>/codes  # a binary bundle's codes
     """
     from pactl.runs import latest_run, resumed_configs
     from pactl.verbs.evaluate import default_ks, eval_checkpoint
 
     if source is not None:
         check_source(source)
+    codes = codes_config(binary or index_dir is not None, bits, rotation, rescore)
+    if index_dir is not None and checkpoint is None and backbone is None:
+        from pactl.verbs.evaluate import bundle_network
+
+        checkpoint = bundle_network(index_dir)
     if backbone is None and (checkpoint is None or source is None):
         run = run_folder(checkpoint) if checkpoint else latest_run(runs_dir())
         if run is None:
@@ -102,8 +141,8 @@ def eval_(
         raise UsageError("give the dataset, folder or CSV to evaluate on")
     check_option("--device", device, TRAIN_RULES["device"])
     if calibrate:
-        if report is not None or ks is not None:
-            raise UsageError("--calibrate writes no metrics: leave out --report and --ks")
+        if report is not None or ks is not None or codes is not None:
+            raise UsageError("--calibrate writes no metrics: leave out --report, --ks, --binary")
         check_option("--precision", precision, TRAIN_RULES["precision"])
         model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
         calibrate_to_stdout(source, model_from, precision, device, workers, quiet, follow_links)
@@ -114,9 +153,16 @@ def eval_(
     check_new_file(report, overwrite)  # after the usage errors: a wrong option is named first
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     log = reporter(quiet)
-    metrics, network = eval_checkpoint(
-        source, model_from, k_list, device, workers, log, follow_links
-    )
+    if codes is not None:
+        from pactl.verbs.evaluate import eval_codes
+
+        metrics, network = eval_codes(
+            source, model_from, k_list, device, workers, log, codes, index_dir, follow_links
+        )
+    else:
+        metrics, network = eval_checkpoint(
+            source, model_from, k_list, device, workers, log, follow_links
+        )
     with writing(report):
         write_report(report, source, model_from, metrics)
     from pactl.research.published import SOURCES, published_cells, published_for
@@ -124,9 +170,10 @@ def eval_(
     found = published_for(source, network.backbone, network.embedding_dim, network.image_size)
     for p in dict.fromkeys(p.source for p in found):
         log.log(f"published ({p}): {SOURCES[p]}")
+    width = max(12, *map(len, metrics))  # 12: the float metrics' column
     with to_stdout():
         for key, value in metrics.items():
-            out.print("  ".join([f"{key:12s} {value:.4f}", *published_cells(key, found)]))
+            out.print("  ".join([f"{key:{width}s} {value:.4f}", *published_cells(key, found)]))
     log.log(f"wrote {report}")
 
 
@@ -154,6 +201,21 @@ def calibrate_to_stdout(
         log.log(f"stored in {model_from}; curve in {model_from.parent / 'calibration.png'}")
     else:
         log.log("not stored (a backbone has no checkpoint): give dedup --threshold")
+
+
+def codes_config(
+    binary: bool, bits: int | None, rotation: str | None, rescore: int | None
+) -> IndexConfig | None:
+    """The codes --binary evaluates (None: none), their options checked as pactl index's."""
+    if not binary:
+        given = {"--bits": bits, "--rotation": rotation, "--rescore": rescore}
+        for option in (option for option, value in given.items() if value is not None):
+            raise UsageError(f"{option} goes with --binary (or --index BUNDLE)")
+        return None
+    if bits is not None and bits % 8:
+        raise UsageError(f"--bits {bits}: codes are whole bytes; give a multiple of 8 (64, 128)")
+    config = IndexConfig(binary=True, bits=bits or 0, rotation=rotation or "auto", rescore=rescore)
+    return check(config, option_name, UsageError)
 
 
 def run_folder(checkpoint: Path | None) -> Path | None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pactl.config import (
+    IndexConfig,
     ModelConfig,
 )
 from pactl.console import Reporter
@@ -98,3 +101,114 @@ def calibrate_source(
     calibration = calibrate(vectors, labels, CalibrationConfig(precision=precision), split)
     reporter.log(f"{describe(calibration)} (not stored: no checkpoint)")
     return calibration
+
+
+def eval_codes(
+    source: str,
+    model_from: ModelSource,
+    ks: tuple[int, ...],
+    device_name: str,
+    workers: int,
+    reporter: Reporter,
+    codes: IndexConfig,
+    bundle_dir: Path | None = None,
+    follow_links: bool = False,
+) -> tuple[dict[str, float], ModelConfig]:
+    """eval_checkpoint's metrics of the float vectors, then Recall@K, MAP@R and R-precision of
+    their binary codes (codes_*: Hamming order, ties broken by id) and of those codes rescored
+    by cosine (rescored_*). The codes are those `pactl index --binary` would make of the
+    evaluated (gallery) vectors with `codes` (rotation learned on them, rescoring depth tuned
+    on them), or with the rotation and depth of the binary bundle `bundle_dir`."""
+    from pactl import metrics
+    from pactl.checkpoint import open_network
+    from pactl.config import TrainConfig
+    from pactl.datasets import load_source
+    from pactl.evaluation import mean_pairwise_cosine, split_vectors
+    from pactl.index.binary.metrics import code_metrics
+    from pactl.runtime import resolve_device
+
+    manifest = load_source(source, reporter, follow_links=follow_links)
+    splits = manifest.eval_splits()
+    if not len(manifest.select(*splits)):
+        raise PactlError(f"{source} has no test split to evaluate on")
+    model, network = open_network(model_from)
+    device = resolve_device(device_name)
+    model.to(device)
+    cfg = TrainConfig(eval_ks=ks, workers=workers)
+    embedded = [
+        split_vectors(model, manifest.select(s), s, network.config, cfg, device, reporter)
+        for s in dict.fromkeys(splits[-1:] if splits != ("query", "gallery") else splits)
+    ]
+    (q, q_labels), (g, g_labels) = embedded[0], embedded[-1]
+    symmetric = len(embedded) == 1
+    gallery, labels = (None, None) if symmetric else (g, g_labels)
+    scores = metrics.evaluate(q, q_labels, ks, gallery, labels, with_nmi=True, seed=cfg.seed)
+    scores["mean_cos"] = mean_pairwise_cosine(g)
+    binary = gallery_codes(g, network, codes, bundle_dir, reporter)
+    return {**scores, **code_metrics(binary, q, q_labels, g_labels, ks, symmetric)}, network.config
+
+
+def gallery_codes(
+    gallery: np.ndarray,
+    network: Any,
+    codes: IndexConfig,
+    bundle_dir: Path | None,
+    reporter: Reporter,
+) -> Any:
+    """The gallery's codes as a BinaryIndex in memory (ids: its rows): with the binary bundle's
+    rotation and rescoring depth, or as `pactl index --binary` chooses them for these vectors
+    (a network trained with --bits: its own signs). `network`: the pactl.checkpoint.Network
+    that embedded the gallery, which must be the bundle's."""
+    from dataclasses import asdict, replace
+
+    from pactl.index.binary.build import build_codes
+    from pactl.verbs.index import binary_config
+
+    rotation = None
+    if bundle_dir is not None:
+        from pactl.index import load_bundle
+        from pactl.index.binary.search import BinaryIndex
+
+        bundle = load_bundle(bundle_dir)
+        held = bundle.index
+        if not isinstance(held, BinaryIndex):
+            raise PactlError(f"{bundle_dir} holds float vectors: --index takes a binary bundle")
+        if bundle.meta.get("fingerprint") != network.fingerprint:
+            raise PactlError(
+                f"the network evaluated is not the one that made {bundle_dir} (weights "
+                f"fingerprint {network.fingerprint[:12]}): leave out --checkpoint, or give its own"
+            )
+        rotation = held.rotation
+        codes = replace(codes, rescore=held.rescore if codes.rescore is None else codes.rescore)
+    meta = {"model_config": asdict(network.config)}
+    config = binary_config(replace(codes, binary=True), meta, gallery.shape[1])
+    assert config is not None  # binary=True
+    ids = np.arange(len(gallery), dtype=np.int64)
+
+    def rows(wanted: np.ndarray) -> np.ndarray:
+        return np.where((wanted >= 0) & (wanted < len(gallery)), wanted, -1)
+
+    binary, record = build_codes([(gallery, ids)], config, reporter, gallery, rows, 0, rotation)
+    facts = record["binary"]
+    reporter.log(
+        f"codes: {facts['bits']} bits, rotation {facts['rotation']}, rescoring "
+        f"{facts['rescore']} candidates a hit"
+    )
+    return binary
+
+
+def bundle_network(bundle_dir: Path) -> Path:
+    """The checkpoint that made a bundle (`pactl eval --index`); one line for a backbone's."""
+    from pactl.fsutil import read_current
+    from pactl.index.reading import check_folder, read_meta
+    from pactl.verbs.lineage import bundle_checkpoint
+
+    check_folder(bundle_dir)
+    meta = read_current(bundle_dir, lambda gen: read_meta(bundle_dir, gen))
+    found = bundle_checkpoint(meta, bundle_dir)
+    if found is None:
+        raise PactlError(
+            f"{bundle_dir} was made by a backbone without training: give its --backbone and "
+            "--weights too"
+        )
+    return found
