@@ -140,11 +140,10 @@ def test_drop_noisy_leaves_the_most_doubted_share_out() -> None:
         [[np.cos(angle[c]), np.sin(angle[c])] for c in labels], dtype=torch.float32
     )
     points[2] = torch.tensor([np.cos(2.1), np.sin(2.1)])  # image 2: labelled 0, looks like 1
-    loss = torch.nn.Module()  # no proxies: the memory's class means stand in
     everything = torch.arange(9)
-    doubt.select(points, torch.as_tensor(labels), everything, loss)  # epoch 0: remembers
+    doubt.select(points, torch.as_tensor(labels), everything)  # epoch 0: remembers
     doubt.epoch = 1
     batch = torch.tensor([0, 2, 3, 6])
-    kept, kept_labels = doubt.select(points[batch], torch.as_tensor(labels)[batch], batch, loss)
+    kept, kept_labels = doubt.select(points[batch], torch.as_tensor(labels)[batch], batch)
     assert kept.shape == (3, 2)
     assert torch.equal(kept, points[[0, 3, 6]]) and kept_labels.tolist() == [0, 1, 2]

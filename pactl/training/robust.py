@@ -4,10 +4,12 @@ under class centres kept in a memory of past embeddings and leaves out the lowes
 
 A memory holds every training image's embedding as last seen (by this process) and the sum of
 each class's, by the labels trained on. From the second epoch on, each image of a batch is asked
-two things (pactl.doubt): its own class's softmax share among the classes (the loss's proxies
-where it has them, else the memory's class means), and the share of its nearest remembered
-images carrying its label; the RATE share of the batch with the lowest blend of the two is left
-out of that step's loss. The first epoch fills the memory and trains on everything.
+two things (pactl.doubt): its own class's softmax share among the memory's class means (its own
+class without its own remembered embedding), and the share of its nearest remembered images
+carrying its label; the RATE share of the batch with the lowest blend of the two is left out of
+that step's loss. The first epoch fills the memory and trains on everything. The class means,
+not a proxy loss's proxies, stand for the classes: proxies trained on the noisy labels follow
+them, and rank flipped labels worse (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -33,14 +35,14 @@ class LabelDoubt:
     epoch: int = 0  # set by the epoch: the memory is asked from epoch 1 (the second) on
 
     def select(
-        self, embeddings: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor, loss: nn.Module
+        self, embeddings: torch.Tensor, labels: torch.Tensor, indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's (embeddings, labels) without its most doubted share; the memory updated."""
         indices = indices.to(self.memory.device)
         keep = None
         if self.epoch >= 1 and len(labels) > 2:
             with torch.no_grad():
-                keep = self.kept(embeddings.detach().float(), indices, loss)
+                keep = self.kept(embeddings.detach().float(), indices)
         self.remember(embeddings.detach().float(), indices)
         if keep is None:
             return embeddings, labels
@@ -53,29 +55,28 @@ class LabelDoubt:
         self.memory[indices] = embeddings
         self.seen[indices] = True
 
-    def kept(
-        self, embeddings: torch.Tensor, indices: torch.Tensor, loss: nn.Module
-    ) -> torch.Tensor:
+    def kept(self, embeddings: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """(B,) True for the images the loss keeps: all but the `rate` share of lowest belief
         (2 at least)."""
-        belief = self.belief(embeddings, indices, loss)
+        belief = self.belief(embeddings, indices)
         drop = min(int(self.rate * len(belief)), len(belief) - 2)
         keep = torch.ones(len(belief), dtype=torch.bool, device=embeddings.device)
         if drop > 0:
             keep[torch.as_tensor(np.argsort(belief, kind="stable")[:drop])] = False
         return keep
 
-    def belief(
-        self, embeddings: torch.Tensor, indices: torch.Tensor, loss: nn.Module
-    ) -> np.ndarray:
-        """(B,) the blended probability that each image's label is right."""
+    def belief(self, embeddings: torch.Tensor, indices: torch.Tensor) -> np.ndarray:
+        """(B,) the blended probability that each image's label is right: its class's mean
+        (without its own remembered embedding) against the other classes', and its remembered
+        neighbours' labels."""
         own = self.labels[indices]
-        proxies = getattr(loss, "proxies", None)
-        centres = proxies.detach().float() if isinstance(proxies, torch.Tensor) else self.sums
-        centres = nn.functional.normalize(centres, dim=1)
+        centres = nn.functional.normalize(self.sums, dim=1)
         cosines = embeddings @ centres.T  # (B, C)
-        mine = cosines.gather(1, own[:, None])[:, 0]
+        rest = self.sums[own] - self.memory[indices] * self.seen[indices, None]  # (B, D)
+        mine = (embeddings * nn.functional.normalize(rest, dim=1)).sum(dim=1)
         cosines = cosines.scatter(1, own[:, None], float("nan"))
+        empty = self.sums.abs().sum(dim=1) == 0  # classes not remembered yet: no centre
+        cosines[:, empty] = float("nan")
         classes = doubt.class_share(mine.cpu().numpy(), cosines.cpu().numpy())
         sims = embeddings @ self.memory.T  # (B, N)
         sims[:, ~self.seen] = -torch.inf

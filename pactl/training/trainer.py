@@ -182,7 +182,7 @@ def train_step(
     with autocast(t.device, t.cfg.amp):
         embeddings = t.model(images)  # (B, D) float32, unit rows
     if t.doubt is not None and indices is not None:  # the most doubted labels leave the loss
-        embeddings, labels = t.doubt.select(embeddings, labels, indices, t.criterion)
+        embeddings, labels = t.doubt.select(embeddings, labels, indices)
     embeddings, labels = gather_batch(embeddings, labels, t.world)
     loss = t.criterion(embeddings, labels)  # float32 inside, whatever the autocast
     t.optimizer.zero_grad(set_to_none=True)
