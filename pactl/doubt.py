@@ -80,7 +80,7 @@ def doubt(classes: np.ndarray | None, neighbours: np.ndarray | None) -> np.ndarr
 
 # ---------------------------------------------------------------------------- a set's classes
 
-EXACT_CLASSES = 4096  # up to this many classes every item is held against all of them
+EXACT_CLASSES = 1024  # up to this many classes every item is held against all of them
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,15 @@ class Centres:
 
 def proxy_centres(proxies: np.ndarray, codes: np.ndarray) -> Centres:
     order = np.argsort(codes)
-    return Centres(unit_rows(np.asarray(proxies, np.float64)[order]), np.asarray(codes)[order])
+    vectors = unit_rows(np.asarray(proxies, np.float64)[order]).astype(np.float32)
+    return Centres(vectors, np.asarray(codes)[order])
 
 
 def mean_centres(sums: np.ndarray, counts: np.ndarray) -> Centres:
     """The means of the classes present (count > 0), from per-code `sums` (C, D) and `counts`."""
     codes = np.flatnonzero(counts > 0)
-    return Centres(unit_rows(sums[codes]), codes, sums[codes], counts[codes])
+    vectors = unit_rows(sums[codes]).astype(np.float32)  # float32: cosines to many classes
+    return Centres(vectors, codes, sums[codes], counts[codes])
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
@@ -174,8 +176,10 @@ def softmax_parts(
     """The softmax at `scale` over the own cosine (B,) and the others (B, M), NaN left out:
     (the own share (NaN where `mine` is), the others' shares (B, M), 0 where NaN)."""
     stacked = np.concatenate([mine[:, None], others], axis=1)
-    top = np.nanmax(np.where(np.isnan(stacked), -np.inf, stacked), axis=1, keepdims=True)
-    weights = np.where(np.isnan(stacked), 0.0, np.exp(scale * (stacked - top)))
+    stacked[np.isnan(stacked)] = -np.inf  # exp(-inf) = 0: left out
+    top = stacked.max(axis=1, keepdims=True)
+    top[~np.isfinite(top)] = 0.0  # a row with nothing at all
+    weights = np.exp(scale * (stacked - top))
     shares = weights / np.maximum(weights.sum(axis=1, keepdims=True), 1e-300)
     return np.where(np.isnan(mine), np.nan, shares[:, 0]), shares[:, 1:]
 

@@ -175,7 +175,7 @@ def score_batch(
     """One batch's witnesses: the neighbours' share and majority, the classes' share (proxies
     for the items whose class has one, means for the rest) and nearest other class."""
     own = data.codes[rows]
-    queries = data.vectors(rows).astype(np.float64)
+    queries = np.asarray(data.vectors(rows), dtype=np.float32)
     valid = found >= 0
     labels = np.where(valid, data.codes[np.maximum(found, 0)], -1)
     majority = doubt.majority(labels, valid)

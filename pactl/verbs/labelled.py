@@ -173,7 +173,6 @@ def read_bundle(
     network that made its vectors where `network` (copies are looked for) and it opens."""
     from pactl.index import load_bundle
     from pactl.index.dedup import BundleSearcher
-    from pactl.index.search import search
 
     bundle = load_bundle(folder, mmap=True)
     reader = BundleSearcher(bundle)  # its positions: the live items in table order
@@ -192,12 +191,15 @@ def read_bundle(
         rows = np.arange(len(items))
     audited = np.full(len(bundle.items), -1, dtype=np.int64)  # table position -> audited row
     audited[live[rows]] = np.arange(len(rows))
-    ids = items.ids[rows]
 
     def neighbours(at: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        sims, found = search(bundle, reader.vectors(rows[at]), k, exclude_ids=ids[at])
+        """The index's k + 1 nearest (its tuned search, no widening: a row the index answers
+        short keeps fewer), deleted and unaudited items and the row itself left out."""
+        depth = min(k + 1, int(bundle.index.ntotal))
+        sims, found = bundle.searcher(depth).search(reader.vectors(rows[at]), depth)
+        found = np.where(bundle.is_deleted(found), -1, found)
         hit = np.where(found >= 0, audited[np.maximum(bundle.items.positions(found), 0)], -1)
-        return hit, np.where(hit >= 0, sims, -np.inf).astype(np.float32)
+        return without_self(at, hit, sims, k)
 
     return Labelled(
         paths=items.paths if source is None else [items.paths[i] for i in rows.tolist()],
