@@ -1,5 +1,8 @@
 """Proxy-Anchor forward+backward at SOP scale against a matmul floor and pytorch-metric-learning.
 
+pactl's side is the public module, `pactl.ProxyAnchorLoss(num_classes, embedding_size)` called
+as `loss(embeddings, labels)`, as a training loop of one's own calls it (docs/api.md).
+
 Targets: within 1.25x of the floor (normalise both matrices, multiply, sum; forward and
 backward) and at least 1.5x faster than pytorch-metric-learning's ProxyAnchorLoss, with equal
 values (1e-5 relative). The three are timed interleaved, in a shuffled order each round, so a
@@ -31,7 +34,7 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from pactl.losses import proxy_anchor_loss  # noqa: E402
+from pactl.losses import ProxyAnchorLoss, proxy_anchor_loss  # noqa: E402
 
 SOP = (180, 11318, 512)  # batch, classes (SOP's training split), embedding dim
 QUICK = (32, 500, 64)
@@ -64,6 +67,9 @@ def make_steps(problem: Problem, pml_loss: nn.Module) -> dict[str, Callable[[], 
     """Each step is one forward+backward; gradients come back from autograd.grad, not .grad."""
     x, y, p = problem.embeddings, problem.labels, problem.proxies
     pml_p = pml_loss.get_parameter("proxies")
+    module = ProxyAnchorLoss(p.shape[0], p.shape[1], margin=0.1, alpha=32.0).to(p.device)
+    with torch.no_grad():
+        module.proxies.copy_(p)
 
     def floor() -> Tensor:
         value = (F.normalize(x, dim=1) @ F.normalize(p, dim=1).T).sum()
@@ -71,8 +77,8 @@ def make_steps(problem: Problem, pml_loss: nn.Module) -> dict[str, Callable[[], 
         return value
 
     def ours() -> Tensor:
-        value = proxy_anchor_loss(x, y, p, alpha=32.0, delta=0.1)
-        torch.autograd.grad(value, [x, p])
+        value = module(x, y)
+        torch.autograd.grad(value, [x, module.proxies])
         return value
 
     def pml() -> Tensor:
@@ -129,7 +135,7 @@ def table(medians: dict[str, float], header: str) -> str:
     ]
     labels = {
         "floor": "floor: normalize, matmul, sum",
-        "pactl": "pactl proxy_anchor_loss",
+        "pactl": "pactl ProxyAnchorLoss (module)",
         "pml": "pytorch-metric-learning ProxyAnchorLoss",
     }
     for name in ("floor", "pactl", "pml"):
