@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout
 from pactl import doubt  # noqa: E402
 from pactl.console import Reporter  # noqa: E402
 from pactl.verbs.audit import AuditConfig, choose_centres, score_rows  # noqa: E402
-from pactl.verbs.labelled import read_run  # noqa: E402
+from pactl.verbs.labelled import Labelled, exact_neighbours, read_run  # noqa: E402
 
 VARIANTS = (  # name, --score, --centres
     ("classes: proxies", "classes", "proxies"),
@@ -95,6 +95,12 @@ def labels_mode(runs: list[Path]) -> None:
             auc, prec = ranking_figures(scores.doubt[train], planted)
             print(f"| {run.name} | {int(planted.sum())} | {name} | {auc:.4f} | {prec:.4f} |")
         vectors = data.vectors(np.flatnonzero(train))
+        alone = train_rows_only(data, train)  # what cleanlab sees: the training rows alone
+        config = AuditConfig(copies=False)
+        scores, _, _ = score_rows(alone, choose_centres(alone, config)[0], config, log)
+        auc, prec = ranking_figures(scores.doubt, planted)
+        print(f"| {run.name} | {int(planted.sum())} | blend, training rows only | {auc:.4f} | "
+              f"{prec:.4f} |")  # fmt: skip
         theirs, flagged = cleanlab_doubt(vectors, data.codes[train])
         auc, prec = ranking_figures(theirs, planted)
         print(
@@ -102,6 +108,21 @@ def labels_mode(runs: list[Path]) -> None:
             f"{flagged}) | {auc:.4f} | {prec:.4f} |",
             flush=True,
         )
+
+
+def train_rows_only(data: Labelled, train: np.ndarray) -> Labelled:
+    """The audited set cut down to its training rows (their own neighbours and class means)."""
+    rows = np.flatnonzero(train)
+    vectors = data.vectors(rows)
+    return Labelled(
+        paths=[data.paths[i] for i in rows.tolist()],
+        codes=data.codes[rows],
+        names=data.names,
+        splits=["train"] * len(rows),
+        vectors=lambda r: vectors[r],
+        neighbours=exact_neighbours(vectors),
+        proxies=None,
+    )
 
 
 def plant_copies(source: str, work: Path, count: int, seed: int) -> Path:
