@@ -199,3 +199,46 @@ def test_manifest_options_need_each_other(
     assert code == 2 and "--drop FILE or --drop-above" in one_error(err)
     code, _, err = run_cli(["audit", "b", "--drop-above", "0.5"], monkeypatch, capsys)
     assert code == 2 and "give it too" in one_error(err)
+
+
+def test_copies_of_training_images_in_the_test_split_are_found_as_leaks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two training images copied byte for byte into the test split, one under its own label
+    and one under a test class's: both leaks at the calibrated threshold, the second a conflict
+    too; the contact sheet has a row per suspect and 1 + 2 x 3 tiles a row."""
+    import shutil
+
+    from conftest import TINY
+    from PIL import Image
+
+    imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    rows = ["path,label,split"]
+    for c in range(4):
+        rows += [f"imgs/class_{c}/{n}.png,c{c},{'train' if c < 2 else 'test'}" for n in range(4)]
+    shutil.copyfile(imgs / "class_0" / "1.png", tmp_path / "leak.png")
+    shutil.copyfile(imgs / "class_1" / "2.png", tmp_path / "relabelled.png")
+    (tmp_path / "planted.csv").write_text(
+        "\n".join([*rows, "leak.png,c0,test", "relabelled.png,c3,test"]) + "\n"
+    )
+    train = ["train", "planted.csv", "--epochs", "1", "--name", "t", "--val-classes", "0"]
+    assert run_cli([*train, *TINY, "-q"], monkeypatch, capsys)[0] == 0
+    args = ["audit", "runs/t", "-f", "csv", "--sheet", "s.png", "--top", "3"]  # cosine 1 first
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    found = {
+        (r["kind"], Path(r["path"]).name, Path(r["other"]).name)
+        for r in read_csv_text(out)
+        if r["kind"] in ("leak", "conflict")
+    }
+    assert ("leak", "leak.png", "1.png") in found and ("leak", "relabelled.png", "2.png") in found
+    assert any(k == "conflict" and "relabelled.png" in (a, b) for k, a, b in found)
+    cell = 96 + 2 * 5
+    assert Image.open(tmp_path / "s.png").size == (7 * cell, 3 * (cell + 14))
+
+
+def read_csv_text(text: str) -> list[dict[str, str]]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(text)))
