@@ -31,14 +31,18 @@ def evaluate(
     with_nmi: bool = True,
     prepare: bool | None = None,
     keep: list[tuple[np.ndarray, np.ndarray]] | None = None,
+    codes: bool = False,
 ) -> dict[str, float]:
     """Recall@K, MAP@R, R-precision (and NMI) on the test split, or query vs gallery.
 
     `prepare` as in embed_files; training passes False: a network that changes every epoch
     would be traced and frozen anew each time, which small networks do not pay back. `keep`
-    (a list) receives the (vectors, labels) scored, where there is no gallery.
+    (a list) receives the (vectors, labels) scored, where there is no gallery. `codes`: score
+    the vectors' sign codes by Hamming distance, ties broken by id (pactl.hamming).
     """
-    from pactl import metrics
+    from pactl import hamming, metrics
+
+    score = hamming.evaluate if codes else metrics.evaluate
 
     def vectors(split: str) -> tuple[np.ndarray, np.ndarray]:
         part = manifest.select(split)
@@ -47,13 +51,13 @@ def evaluate(
     if manifest.eval_splits() == ("query", "gallery"):
         q, ql = vectors("query")
         g, gl = vectors("gallery")
-        scores = metrics.evaluate(q, ql, cfg.eval_ks, g, gl, with_nmi=with_nmi, seed=cfg.seed)
+        scores = score(q, ql, cfg.eval_ks, g, gl, with_nmi=with_nmi, seed=cfg.seed)
         return {**scores, "mean_cos": mean_pairwise_cosine(g)}
     split = "val" if manifest.has_split("val") else "test"
     v, vl = vectors(split)
     if keep is not None:
         keep.append((v, vl))
-    scores = metrics.evaluate(v, vl, cfg.eval_ks, with_nmi=with_nmi, seed=cfg.seed)
+    scores = score(v, vl, cfg.eval_ks, with_nmi=with_nmi, seed=cfg.seed)
     return {**scores, "mean_cos": mean_pairwise_cosine(v)}
 
 
