@@ -157,6 +157,11 @@ def plant_copies(source: str, work: Path, count: int, seed: int) -> Path:
     return work / "planted.csv"
 
 
+def is_copy(path: str) -> int:
+    """Sort key that puts a planted copy (under copies/) first."""
+    return 0 if "/copies/" in path else 1
+
+
 def same_pixels(a: str, b: str) -> bool:
     from PIL import Image
 
@@ -168,6 +173,8 @@ def same_pixels(a: str, b: str) -> bool:
 
 
 def copies_mode(run: Path, source: str, work: Path, count: int, seed: int) -> None:
+    from pactl.verbs.copies import CHANGES
+
     planted_csv = plant_copies(source, work, count, seed)
     with open(work / "copies.csv", newline="") as f:
         truth = {tuple(sorted(r)) for r in csv.reader(f)} - {("copy", "original")}
@@ -184,6 +191,9 @@ def copies_mode(run: Path, source: str, work: Path, count: int, seed: int) -> No
     print(done.stderr.strip())
     print(f"planted copies: {len(truth)}; leak pairs reported: {len(found)}")
     print(f"recall of the planted pairs: {len(found & truth) / len(truth):.4f}")
+    for n, change in enumerate(CHANGES):  # copy i was made by CHANGES[i % 4]
+        kind = {p for p in truth if int(Path(min(p, key=is_copy)).stem) % len(CHANGES) == n}
+        print(f"  {change}: {len(found & kind) / max(len(kind), 1):.4f} of {len(kind)}")
     print(f"reported pairs not planted: {len(found - truth)}, of which pixels differ: {len(false)}")
     print(f"false share of the reported pairs: {len(false) / max(len(found), 1):.4f}")
     print(f"audit wall time: {seconds:.1f} s")

@@ -81,7 +81,7 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     scores, found, sims = score_rows(data, centres, config, reporter)
     copies, threshold = [], None
     if config.copies:
-        threshold = copy_threshold(data, config, reporter)
+        threshold = copy_threshold(data, config, found, sims, reporter)
         if threshold is not None:
             from pactl.verbs.copies import copy_pairs
 
@@ -202,7 +202,9 @@ def score_batch(
     }
 
 
-def copy_threshold(data: Labelled, config: AuditConfig, reporter: Reporter) -> CopyThreshold | None:
+def copy_threshold(
+    data: Labelled, config: AuditConfig, found: np.ndarray, sims: np.ndarray, reporter: Reporter
+) -> CopyThreshold | None:
     """--copy-threshold, else one calibrated on copies made of the set's images; None (said
     once) where there is no network to embed copies with."""
     from pactl.verbs.copies import calibrate_copies
@@ -212,7 +214,7 @@ def copy_threshold(data: Labelled, config: AuditConfig, reporter: Reporter) -> C
     if data.network is None:
         reporter.log("copies: not looked for (no network to calibrate on; give --copy-threshold)")
         return None
-    return calibrate_copies(data, reporter=reporter)
+    return calibrate_copies(data, found, sims, reporter=reporter)
 
 
 def chosen_rows(

@@ -5,8 +5,10 @@ Pairs come from each item's nearest neighbours at or above a copy threshold. The
 calibrated on copies the audit makes itself of a sample of the set's own images, each resized,
 cropped, recompressed as JPEG, or all three (as a leaked image usually is), embedded by the
 network that made the vectors: the cosine that COPY_RECALL of those copies reach with their
-originals. How many distinct images already sit that close is measured on the same sample (each
-original's nearest other item) and said beside it.
+originals, raised (precision first) until at most COPY_APART of the set's items have a distinct
+item (of another split or label) that close. A metric network is trained to put a class's images
+together, so on small images of few details copies may sit no nearer than their class-mates:
+stderr then says which kinds of copies are still found at the threshold.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pactl.verbs.labelled import Labelled
 
 COPY_SAMPLE = 256  # images copied to calibrate the threshold
 COPY_RECALL = 0.98  # share of those copies at or above it
+COPY_APART = 0.01  # most share of the set's items with a distinct item that close
 CHANGES = ("resize", "crop", "jpeg", "all")
 
 
@@ -85,47 +88,62 @@ def write_copies(paths: list[str], folder: Path, seed: int) -> tuple[list[Path],
     return files, kept
 
 
-def calibrate_copies(data: Labelled, seed: int = 0, reporter: Reporter = QUIET) -> CopyThreshold:
-    """The cosine COPY_RECALL of the copies made of COPY_SAMPLE of the set's images reach."""
-    from pactl.embed import embed_files
-    from pactl.runtime import resolve_device
-
+def calibrate_copies(
+    data: Labelled, found: np.ndarray, sims: np.ndarray, seed: int = 0, reporter: Reporter = QUIET
+) -> CopyThreshold:
+    """The copy threshold: the cosine COPY_RECALL of the copies made of COPY_SAMPLE of the set's
+    images reach, raised where needed until at most COPY_APART of the set's items have an item
+    of another split or label that close among their neighbours `found` (N, k), `sims`: where a
+    network puts copies no nearer than distinct images, precision first."""
     if data.network is None:
         raise PactlError(
             f"{data.what}: no network to embed copies with; give --copy-threshold COSINE"
         )
+    rows, cosines, changes = copy_cosines(data, seed)
+    reach = float(np.quantile(cosines, 1 - COPY_RECALL, method="lower"))
+    apart = nearest_apart(data, np.arange(len(data)), found, sims)
+    close = float(np.quantile(np.where(np.isfinite(apart), apart, -1.0), 1 - COPY_APART))
+    cosine = max(reach, close)
+    kept = ", ".join(f"{c} {np.mean(cosines[changes == c] >= cosine):.0%}" for c in CHANGES)
+    how = (
+        f"{cosine:.4f} cosine: {COPY_RECALL:.0%} of the copies made of {len(rows):,} of the set's "
+        f"own images reach {reach:.4f}; {COPY_APART:.0%} of its items have an item of another "
+        f"split or label at {close:.4f} or closer; copies found at {cosine:.4f}: {kept}"
+    )
+    reporter.log(f"copies: {how}")
+    return CopyThreshold(cosine, how, float(np.mean(apart >= cosine)))
+
+
+def copy_cosines(data: Labelled, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, the cosine of each row's made copy to it, the change that made it)."""
+    from pactl.embed import embed_files
+    from pactl.runtime import resolve_device
+
     model, network = data.network
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(len(data), size=min(COPY_SAMPLE, len(data)), replace=False))
     with tempfile.TemporaryDirectory(prefix="pactl-copies-") as tmp:
         files, kept = write_copies([data.paths[i] for i in sample.tolist()], Path(tmp), seed)
         done = embed_files(model, files, network.config, resolve_device("cpu"), QUIET)
-    rows = sample[np.asarray(kept, dtype=np.int64)[done.rows]]
-    if len(rows) < 2:
+    made = np.asarray(kept, dtype=np.int64)[done.rows]
+    if len(made) < 2:
         raise PactlError(f"{data.what}: too few readable images to calibrate copies on")
+    rows = sample[made]
     cosines = np.einsum("ij,ij->i", done.vectors, data.vectors(rows))
-    cosine = float(np.quantile(cosines, 1 - COPY_RECALL, method="lower"))
-    distinct = float(np.mean(nearest_apart(data, rows) >= cosine))
-    how = (
-        f"{cosine:.4f} cosine: {COPY_RECALL:.0%} of the copies made of {len(rows):,} of the "
-        f"set's own images (resized, cropped, JPEG) reach it; {distinct:.1%} of those images "
-        "have an item of another split or label that close"
-    )
-    reporter.log(f"copies: {how}")
-    return CopyThreshold(cosine, how, distinct)
+    return rows, cosines, np.array([CHANGES[i % len(CHANGES)] for i in made.tolist()])
 
 
-def nearest_apart(data: Labelled, rows: np.ndarray, k: int = 10) -> np.ndarray:
+def nearest_apart(
+    data: Labelled, rows: np.ndarray, found: np.ndarray, sims: np.ndarray
+) -> np.ndarray:
     """(B,) the cosine of each row's nearest item of another split or another label among its
-    k nearest (-inf: none there): what a copy threshold must stay above."""
-    found, sims = data.neighbours(rows, k)
+    neighbours `found` (B, k), `sims` (-inf: none there)."""
     other = np.maximum(found, 0)
     splits = np.asarray(data.splits, dtype=object)
     apart = (data.codes[other] != data.codes[rows][:, None]) | (
         splits[other] != splits[rows][:, None]
     )
-    sims = np.where((found >= 0) & apart, sims, -np.inf)
-    return sims.max(axis=1)
+    return np.where((found >= 0) & apart, sims, -np.inf).max(axis=1)
 
 
 def copy_pairs(data: Labelled, found: np.ndarray, sims: np.ndarray, threshold: float) -> list[Copy]:
