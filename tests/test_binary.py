@@ -387,3 +387,22 @@ def test_eval_of_a_binary_bundle_uses_its_codes(
     meta = json.loads((tmp_path / "b" / "meta.json").read_text())["binary"]
     assert f"codes: {meta['bits']} bits, rotation {meta['rotation']}, rescoring " in err
     assert "codes_recall@1" in out and "rescored_map@r" in out
+
+
+def test_audit_reads_a_binary_bundles_float_vectors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import make_class_folder
+
+    from pactl.index.dedup import BundleSearcher
+
+    imgs = make_class_folder(tmp_path / "imgs", classes=3, per_class=4)
+    model = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
+    args = ["index", str(imgs), *model, "--out", str(tmp_path / "c"), "--binary", "--quiet"]
+    assert run_cli(args, monkeypatch, capsys)[0] == 0
+    bundle = load_bundle(tmp_path / "c")
+    rows = np.array([3, 0, 7])
+    floats = np.load(tmp_path / "c" / "floats.npy")
+    assert np.array_equal(BundleSearcher(bundle).vectors(rows), floats[rows])
+    code, out, err = run_cli(["audit", str(tmp_path / "c"), "-f", "csv"], monkeypatch, capsys)
+    assert code == 0 and "12 items" in err + out, err

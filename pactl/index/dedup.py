@@ -279,22 +279,26 @@ def _ivf(sample: np.ndarray, nlist: int, nprobe: int, reporter: Reporter) -> Any
 
 class BundleSearcher:
     """A bundle's own index (its tuned nprobe / efSearch), over its live items in table order;
-    vectors are read back from the index (exact for Flat codes)."""
+    vectors are read back from the index (exact for Flat codes), or from a binary bundle's
+    float vectors (which has no range search: dedup searches those vectors themselves)."""
 
     def __init__(self, bundle: Any) -> None:
         self.bundle, self.index = bundle, bundle.index
         live = ~bundle.is_deleted(bundle.items.ids)
         self.ids = bundle.items.ids[live]  # position -> item id
         self.n = len(self.ids)
-        ivf = faiss.try_extract_index_ivf(self.index)
+        self.floats = getattr(self.index, "floats", None)  # a binary bundle's (item rows)
+        ivf = faiss.try_extract_index_ivf(self.index) if self.floats is None else None
         if ivf is not None:
             ivf.make_direct_map(True)  # reconstruct by id (a hash table: any ids)
-        self.approximate = not _exact_codes(self.index)
+        self.approximate = self.floats is None and not _exact_codes(self.index)
         self.margin = CODE_MARGIN if self.approximate else 0.0
         self._sorted = np.argsort(self.ids)
 
     def vectors(self, rows: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(self.ids[rows], dtype=np.int64)
+        if self.floats is not None:
+            return np.asarray(self.floats[self.bundle.items.positions(ids)], dtype=np.float32)
         return np.asarray(self.index.reconstruct_batch(ids), dtype=np.float32)
 
     def candidates(self, queries: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
