@@ -22,6 +22,7 @@ from pactl.rules import (
     COMMIT_EVERY,
     INTERPOLATIONS,
     MAX_BATCH_SIZE,
+    MAX_BITS,
     MAX_DIMENSION,
     MAX_EMBEDDING_DIM,
     MAX_EPOCHS,
@@ -33,6 +34,7 @@ from pactl.rules import (
     MIN_IMAGE_SIZE,
     Rule,
     choice,
+    code_bits,
     device,
     flag,
     integer,
@@ -56,6 +58,7 @@ AUGMENT_NAMES = ("rrc_flip", "flip", "light", "none")
 POOLING_NAMES = ("avg+max", "avg", "max", "token")
 SAMPLER_NAMES = ("shuffle", "m_per_class")
 AMP_NAMES = ("none", "bf16", "fp16")
+CODE_PROXIES_NAMES = ("learned", "hadamard")  # pactl.hashing.CODE_PROXIES
 
 
 def setting(
@@ -115,6 +118,12 @@ class ModelConfig:
         None, optional(integer(1, MAX_DIMENSION)),
         "The vectors' size, filled in when the network is built.", cli=False,
     )  # fmt: skip
+    bits: int = setting(
+        0, code_bits(MAX_BITS),
+        "Learn N-bit binary codes with the loss: the network's vectors are N-d, their signs its "
+        "codes, its metrics those of the codes by Hamming distance, and pactl index of its "
+        "vectors makes a binary index (0: float vectors; N a multiple of 8; sets --dim).",
+    )  # fmt: skip  # pactl.hashing
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,17 @@ class TrainConfig:
     alpha: float = setting(32.0, number(0, 1e4, above=True), "Proxy-Anchor alpha.")
     delta: float = setting(0.1, number(0, 1), "Proxy-Anchor margin delta.")
     loss: str = setting("proxy_anchor", choice(*LOSS_NAMES), "Loss to train with.")
+    code_proxies: str = setting(
+        "learned", choice(*CODE_PROXIES_NAMES),
+        "With --bits: learned (the loss's own proxies, pulled to codes with the vectors by "
+        "--quantization) or hadamard (fixed binary proxies: CSQ's hash centres from a Hadamard "
+        "matrix, with OrthoHash's cross-entropy over cosines with a margin).",
+    )  # fmt: skip  # pactl.hashing.CODE_PROXIES
+    quantization: float = setting(
+        0.5, number(0, 1e4),
+        "With --bits: weight of the term pulling each vector (and learned proxy) to its code, "
+        "1 - cos(v, sign(v)).",
+    )  # fmt: skip
     warmup_epochs: int = setting(1, integer(0, MAX_EPOCHS), "Head-only epochs.")
     lr_decay_step: int = setting(10, integer(1, MAX_EPOCHS), "Epochs between learning-rate decays.")
     lr_decay_gamma: float = setting(
@@ -402,6 +422,12 @@ def problems(config: ModelConfig | TrainConfig | IndexConfig) -> list[tuple[str,
             found.append(("resize_size", f"must be at least the image size {config.image_size}"))
         if config.embedding_dim and config.dimension not in (None, config.embedding_dim):
             found.append(("dimension", f"must equal the embedding size {config.embedding_dim}"))
+        if config.bits and config.embedding_dim != config.bits:
+            found.append((
+                "embedding_dim",
+                f"must equal the bits, {config.bits} (got {config.embedding_dim}): a network's "
+                "codes are the signs of its vectors",
+            ))  # fmt: skip
     elif (
         isinstance(config, TrainConfig)
         and config.sampler == "m_per_class"

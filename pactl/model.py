@@ -35,20 +35,32 @@ POOLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 class EmbeddingNet(nn.Module):
     """embedding_dim 0: no head, the pooled backbone features themselves (the baseline a
-    pretrained network gives before any training)."""
+    pretrained network gives before any training). `bits`: a code network's head (pactl.hashing),
+    its Linear followed by a BatchNorm without scale or shift."""
 
     def __init__(
-        self, backbone: nn.Module, feat_dim: int, embedding_dim: int, pooling: str = "avg+max"
+        self,
+        backbone: nn.Module,
+        feat_dim: int,
+        embedding_dim: int,
+        pooling: str = "avg+max",
+        bits: int = 0,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.pool = POOLINGS[pooling]
         self.embedding: nn.Module = nn.Identity()
         if embedding_dim:
-            self.embedding = nn.Linear(feat_dim, embedding_dim)
+            linear = nn.Linear(feat_dim, embedding_dim)
             # The official head's initialisation.
-            nn.init.kaiming_normal_(self.embedding.weight, mode="fan_out")
-            nn.init.zeros_(self.embedding.bias)
+            nn.init.kaiming_normal_(linear.weight, mode="fan_out")
+            nn.init.zeros_(linear.bias)
+            self.embedding = linear
+        if embedding_dim and bits:
+            # Each output centred on the training batches (at test, their running means), so
+            # that each bit splits the images about evenly: the raw signs of an embedding that
+            # is not centred leave most bits nearly constant.
+            self.embedding = nn.Sequential(linear, nn.BatchNorm1d(bits, affine=False))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images)  # (B, C, h, w)
@@ -66,7 +78,7 @@ def build_model(config: ModelConfig, seed: int = 0) -> tuple[EmbeddingNet, Model
         torch.manual_seed(seed)
         backbone = build_backbone(config.backbone, config.weights)
         model = EmbeddingNet(
-            backbone.module, backbone.feat_dim, config.embedding_dim, config.pooling
+            backbone.module, backbone.feat_dim, config.embedding_dim, config.pooling, config.bits
         )
     return model, resolve_preprocessing(config, backbone)
 

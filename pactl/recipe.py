@@ -305,8 +305,11 @@ def _is_setting(name: str) -> bool:
 
 def model_settings(preset: ModelConfig, given: Mapping[str, Any]) -> ModelConfig:
     """The preset's model with the settings given; a new image size keeps the preset's own
-    resize-to-crop ratio (24/24 for digits) unless a resize size is given too."""
+    resize-to-crop ratio (24/24 for digits) unless a resize size is given too; --bits N makes
+    the embedding N-d (its signs are the codes) unless --dim is given too."""
     model = dataclasses.replace(preset, **given)
+    if model.bits and "embedding_dim" not in given:
+        model = override(model, embedding_dim=model.bits)
     size = given.get("image_size")
     if size and "resize_size" not in given and preset.resize_size:
         ratio = preset.resize_size / preset.image_size
@@ -352,6 +355,26 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
         describe_optimiser(cfg),
         describe_schedule(cfg),
         *describe_budget(cfg),
+        *describe_codes(model_cfg, cfg),
+    ]
+
+
+def describe_codes(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
+    """What a --bits network learns and how its epochs are scored (pactl.hashing)."""
+    bits = model_cfg.bits
+    if not bits:
+        return []
+    proxies = {
+        "learned": f"{cfg.loss} with its proxies learned",
+        "hadamard": "fixed binary proxies (CSQ's hash centres: the rows of a "
+        f"{bits} x {bits} Hadamard matrix and their negatives, while they suffice) learned "
+        "towards with OrthoHash's cross-entropy over cosines (scale 8, margin 0.2)",
+    }[cfg.code_proxies]
+    return [
+        f"{bits}-bit codes: the signs of the {bits}-d vectors; {proxies}, plus "
+        f"{cfg.quantization:g} x the quantisation term 1 - cos(v, sign v); every epoch is "
+        "scored by the codes' Hamming distance (ties broken by id), which chooses best.pt; "
+        "pactl index of its vectors makes a binary index"
     ]
 
 
@@ -449,7 +472,9 @@ def describe_recipe(
     size = f"{model_cfg.image_size} px"
     parts = [
         f"recipe: {model_cfg.backbone} ({weights_words(model_cfg.weights)}) at {size}",
-        f"dim {model_cfg.embedding_dim}, {counted(cfg.epochs, 'epoch')} of batch {cfg.batch_size}",
+        f"dim {model_cfg.embedding_dim}"
+        + (f" ({model_cfg.bits}-bit codes, scored by Hamming)" if model_cfg.bits else "")
+        + f", {counted(cfg.epochs, 'epoch')} of batch {cfg.batch_size}",
         f"lr {cfg.lr:g} (x{cfg.proxy_lr_mult:g} proxies), BatchNorm {bn}{amp}",
         f"{_count(train)} train, {_count(val)} val, {_count(test)} test",
         f"best.pt chosen by {_SELECTION[cfg.selection]}",

@@ -19,6 +19,7 @@ MIN_IMAGE_SIZE = 8  # the smallest crop side; a backbone may need more (pactl.mo
 MAX_IMAGE_SIZE = 4096  # a batch of 4096 px crops already takes gigabytes
 MAX_RESIZE_SIZE = 2 * MAX_IMAGE_SIZE
 MAX_EMBEDDING_DIM = 8192
+MAX_BITS = MAX_EMBEDDING_DIM  # a --bits network's head is its embedding
 MAX_DIMENSION = 65536  # pooled features of any backbone
 MAX_EPOCHS = 100_000
 MAX_BATCH_SIZE = 65_536
@@ -76,6 +77,14 @@ def choice(*names: str) -> Rule:
 
 def text() -> Rule:
     return Rule("a non-empty string", lambda v: isinstance(v, str) and v != "" and "\0" not in v)
+
+
+def code_bits(high: int) -> Rule:
+    """0 (float vectors) or a multiple of 8 from 8 to `high`: binary codes are whole bytes."""
+    return Rule(
+        f"0 (float vectors) or a multiple of 8 from 8 to {high:,}",
+        lambda v: _is_int(v) and (v == 0 or (8 <= v <= high and v % 8 == 0)),
+    )
 
 
 def flag() -> Rule:

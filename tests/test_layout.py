@@ -117,6 +117,7 @@ def test_every_choice_list_is_its_registry() -> None:
     """The choices a setting declares are the names of the registry that implements them, and
     the CLI offers exactly those."""
     from pactl.cli import options
+    from pactl.hashing import CODE_PROXIES
     from pactl.losses import LOSSES
     from pactl.model import POOLINGS
     from pactl.runtime import AMP
@@ -126,6 +127,7 @@ def test_every_choice_list_is_its_registry() -> None:
     pooling = dict(ModelConfig.__dataclass_fields__)["pooling"].metadata["rule"].names
     registries = {
         "loss": (tuple(LOSSES), options.Loss),
+        "code_proxies": (tuple(CODE_PROXIES), options.CodeProxies),
         "augment": (tuple(AUGMENTS), options.Augment),
         "sampler": (tuple(SAMPLERS), options.Sampler),
         "amp": (tuple(AMP), options.Amp),

@@ -82,12 +82,14 @@ def choices(name: str, names: tuple[str, ...]) -> Any:
 if TYPE_CHECKING:  # the members are the declarations', read when the CLI is built
     Amp = Enum
     Augment = Enum
+    CodeProxies = Enum
     Loss = Enum
     Pooling = Enum
     Sampler = Enum
 else:
     Amp = choices("Amp", TRAIN_RULES["amp"].names)
     Augment = choices("Augment", TRAIN_RULES["augment"].names)
+    CodeProxies = choices("CodeProxies", TRAIN_RULES["code_proxies"].names)
     Loss = choices("Loss", TRAIN_RULES["loss"].names)
     Pooling = choices("Pooling", MODEL_RULES["pooling"].names)
     Sampler = choices("Sampler", TRAIN_RULES["sampler"].names)

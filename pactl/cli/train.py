@@ -16,6 +16,7 @@ import typer
 from pactl.cli.options import (
     Amp,
     Augment,
+    CodeProxies,
     Loss,
     Pooling,
     Quiet,
@@ -66,6 +67,7 @@ def train(
         typer.Option(help=help_of("weights")),
     ] = None,
     dim: Annotated[int | None, typer.Option(help=help_of("embedding_dim"))] = None,
+    bits: Annotated[int | None, typer.Option(metavar="N", help=help_of("bits"))] = None,
     image_size: Annotated[int | None, typer.Option(help=help_of("image_size"))] = None,
     resize_size: Annotated[int | None, typer.Option(help=help_of("resize_size"))] = None,
     pooling: Annotated[
@@ -87,6 +89,8 @@ def train(
     alpha: Annotated[float | None, typer.Option(help=help_of("alpha"))] = None,
     delta: Annotated[float | None, typer.Option(help=help_of("delta"))] = None,
     loss: Annotated[Loss | None, typer.Option(help=help_of("loss"))] = None,
+    code_proxies: Annotated[CodeProxies | None, typer.Option(help=help_of("code_proxies"))] = None,
+    quantization: Annotated[float | None, typer.Option(help=help_of("quantization"))] = None,
     warmup_epochs: Annotated[int | None, typer.Option(min=0, help=help_of("warmup_epochs"))] = None,
     lr_decay_step: Annotated[int | None, typer.Option(min=1, help=help_of("lr_decay_step"))] = None,
     lr_decay_gamma: Annotated[float | None, typer.Option(help=help_of("lr_decay_gamma"))] = None,
@@ -199,6 +203,7 @@ def train(
 
     \b
       pactl train digits                # about 11 s on 2 CPU cores
+      pactl train digits --bits 32      # 32-bit binary codes learned with the loss
       pactl train cars196               # the paper's recipe (float32), on the GPU
       pactl train my_photos/ --weights lite0.pth   # a state_dict file
       pactl train my_photos/ --time-budget 15m     # epochs fitted to 15 minutes

@@ -110,11 +110,22 @@ def set_warmup(net: EmbeddingNet, epoch: int, cfg: TrainConfig) -> None:
         p.requires_grad_(not warming)
 
 
+def build_criterion(model_cfg: ModelConfig, cfg: TrainConfig, num_classes: int) -> nn.Module:
+    """The run's loss; with --bits, the code loss made around it (pactl.hashing)."""
+    from pactl.hashing import build_code_loss
+    from pactl.losses import build_loss
+
+    if model_cfg.bits:
+        return build_code_loss(
+            cfg.code_proxies, cfg.loss, num_classes, model_cfg.bits, cfg.alpha, cfg.delta,
+            cfg.quantization,
+        )  # fmt: skip
+    return build_loss(cfg.loss, num_classes, model_cfg.embedding_dim, cfg.alpha, cfg.delta)
+
+
 def build_trainer(
     model_cfg: ModelConfig, cfg: TrainConfig, num_classes: int, world: World
 ) -> Trainer:
-    from pactl.losses import build_loss
-
     device = resolve_device(cfg.device)
     if device.type == "cuda" and world.enabled:
         device = torch.device("cuda", world.local_rank)
@@ -124,9 +135,7 @@ def build_trainer(
         net.to(memory_format=torch.channels_last)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed + 1)
-        criterion = build_loss(
-            cfg.loss, num_classes, model_cfg.embedding_dim, cfg.alpha, cfg.delta
-        ).to(device)
+        criterion = build_criterion(model_cfg, cfg, num_classes).to(device)
     optimizer = torch.optim.AdamW(
         param_groups(net, criterion, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay
     )
@@ -232,18 +241,21 @@ def train_one_epoch(
 
 
 def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) -> dict[str, float]:
-    """Test metrics, and validation ones prefixed with val_; the vectors of the split that
-    calibrates best.pt (validation, else test) kept in t.evaluated."""
+    """Test metrics, and validation ones prefixed with val_ (a --bits network's: its codes'
+    by Hamming distance); the vectors of the split that calibrates best.pt (validation, else
+    test) kept in t.evaluated."""
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     val = len(splits.val) > 0
+    codes = t.model_cfg.bits > 0
     scores = evaluate(
         t.net, splits.test, t.model_cfg, t.cfg, t.device, reporter, nmi, False,
-        keep=None if val else kept,
+        keep=None if val else kept, codes=codes,
     )  # fmt: skip
     if val:
         found = evaluate(
-            t.net, splits.val, t.model_cfg, t.cfg, t.device, reporter, False, False, keep=kept
-        )
+            t.net, splits.val, t.model_cfg, t.cfg, t.device, reporter, False, False, keep=kept,
+            codes=codes,
+        )  # fmt: skip
         scores.update({f"val_{k}": v for k, v in found.items() if k != "mean_cos"})
     t.evaluated = kept[0] if kept else None
     return scores
