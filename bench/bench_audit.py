@@ -234,7 +234,9 @@ def same_pixels(a: str, b: str) -> bool:
     return bool(np.abs(xa - ya).max() <= 8)
 
 
-def copies_mode(run: Path, source: str, work: Path, count: int, seed: int) -> None:
+def copies_mode(
+    run: Path, source: str, work: Path, count: int, seed: int, threshold: float | None
+) -> None:
     from pactl.verbs.copies import CHANGES
 
     planted_csv = plant_copies(source, work, count, seed)
@@ -243,7 +245,8 @@ def copies_mode(run: Path, source: str, work: Path, count: int, seed: int) -> No
     began = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "pactl", "audit", str(run), "--source", str(planted_csv),
-         "--top", "0", "-f", "csv"],
+         "--top", "0", "-f", "csv",
+         *(["--copy-threshold", str(threshold)] if threshold is not None else [])],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     seconds = time.perf_counter() - began
@@ -327,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="source", default="/tmp/pactl-real/fonts28")
     p.add_argument("--work", type=Path, default=Path("/tmp/pactl-audit-bench"))
     p.add_argument("--copies", type=int, default=200)
+    p.add_argument("--copy-threshold", type=float, default=None, help="copies: not calibrated")
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
@@ -337,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.mode == "retrain":
         retrain_mode(args.runs, args.work, args.drop_above)
     elif args.mode == "copies":
-        copies_mode(args.runs[0], args.source, args.work, args.copies, args.seed)
+        copies_mode(
+            args.runs[0], args.source, args.work, args.copies, args.seed, args.copy_threshold
+        )
     else:
         scale_mode(args.work, args.n, args.dim, args.seed)
     return 0
