@@ -174,13 +174,16 @@ def test_the_cli_refuses_bits_in_one_line(
         (["--binary", "--bits", "32"], 1, "more than the vectors' 16 dimensions"),
         (["--bits", "8"], 1, "give --binary too"),
         (["--binary", "--rotation", "none", "--bits", "8"], 1, "--bits 16"),
+        (["--factory", "BFlat"], 1, "give --binary too"),
+        (["--binary", "--factory", "BIVFx"], 2, "cannot parse the binary factory"),
+        (["--binary", "--factory", "IVF8,Flat"], 1, "a binary bundle takes BFlat"),
     ):
         code, out, err = run_cli([*base, *extra], monkeypatch, capsys)
         assert code == code_wanted and out == "" and says in one_error(err), err
     assert not (tmp_path / "b").exists()
-    lsh = ["--binary", "--bits", "32", "--rotation", "lsh"]
+    lsh = ["--binary", "--bits", "32", "--rotation", "lsh", "--factory", "BIVF4"]
     code, out, _ = run_cli([*base, *lsh], monkeypatch, capsys)
-    assert code == 0 and "32-bit codes" in out
+    assert code == 0 and "(BIVF4, 32-bit codes)" in out
 
 
 def test_the_rotation_choices_are_the_codes_module_ones() -> None:

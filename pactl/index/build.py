@@ -223,8 +223,15 @@ def check_factory_parses(factory: str) -> None:
     causes is for build time to say)."""
     check_factory(factory)
     try:
-        faiss.index_factory(96, factory, faiss.METRIC_INNER_PRODUCT)
+        if factory.startswith("B"):  # a binary index's (pactl.index.binary)
+            faiss.index_binary_factory(64, factory)
+        else:
+            faiss.index_factory(96, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
+        if factory.startswith("B"):
+            raise PactlError(
+                f"FAISS cannot parse the binary factory {factory!r} (e.g. BFlat, BIVF1024, BHNSW32)"
+            ) from None
         if "parse" in str(e):
             raise PactlError(
                 f"FAISS cannot parse the factory {factory!r} (e.g. Flat, IVF1024,Flat, HNSW32)"

@@ -110,9 +110,15 @@ def binary_config(config: IndexConfig, meta: dict[str, Any], dim: int) -> IndexC
     if config.binary is False or (config.binary is None and not network_bits):
         named = {"--bits": config.bits != 0, "--rotation": config.rotation != "auto"}
         named["--rescore"] = config.rescore is not None
+        named["--factory " + str(config.factory)] = str(config.factory).startswith("B")
         for option in (option for option, on in named.items() if on):
             raise PactlError(f"{option} is for binary bundles: give --binary too")
         return None
+    if config.factory is not None and not config.factory.startswith("B"):
+        raise PactlError(
+            f"--factory {config.factory!r} is a float index; a binary bundle takes BFlat, "
+            "BIVF<nlist>[_HNSW<m>] or BHNSW<m> (or none: chosen by size)"
+        )
     if config.on_disk == "yes":
         raise PactlError(
             "--on-disk yes merges a float IVF's lists; a binary bundle keeps its codes in "
