@@ -409,3 +409,19 @@ def test_audit_reads_a_binary_bundles_float_vectors(
     assert np.array_equal(BundleSearcher(bundle).vectors(rows), floats[rows])
     code, out, err = run_cli(["audit", str(tmp_path / "c"), "-f", "csv"], monkeypatch, capsys)
     assert code == 0 and "12 items" in err + out, err
+
+
+def test_a_sharded_vectors_folder_makes_one_binary_bundle(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    vectors = unit(rng.standard_normal((300, 32))).astype(np.float32)
+    for i in range(3):
+        rows = np.arange(i * 100, (i + 1) * 100)
+        shard = tmp_path / "v" / "shards" / f"{i:05d}-of-00003"
+        write_vectors_folder(shard, vectors[rows], rows)
+    config = IndexConfig(binary=True, bits=32, rescore=300)
+    index_vectors(tmp_path / "v", tmp_path / "b", config, QUIET)
+    bundle = load_bundle(tmp_path / "b")
+    assert np.array_equal(bundle.index.floats, vectors)  # copied in shard order
+    assert (tmp_path / "b" / "floats.npy").stat().st_nlink == 1  # a copy, not a link
+    scores, found = search(bundle, vectors[[5, 150, 299]], 1)
+    assert found[:, 0].tolist() == [5, 150, 299] and np.allclose(scores[:, 0], 1.0, atol=1e-5)
