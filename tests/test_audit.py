@@ -242,3 +242,23 @@ def read_csv_text(text: str) -> list[dict[str, str]]:
     import io
 
     return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_a_run_with_planted_noise_is_audited_on_the_labels_it_trained_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import TINY
+
+    make_class_folder(tmp_path / "imgs", classes=6, per_class=5)
+    train = ["train", "imgs", "--epochs", "1", "--name", "n", "--label-noise", "0.4"]
+    assert run_cli([*train, "--val-classes", "0", *TINY, "-q"], monkeypatch, capsys)[0] == 0
+    noisy = {r["path"]: r["noisy_label"] for r in read_csv(tmp_path / "runs" / "n" / "noise.csv")}
+    code, out, err = run_cli(["audit", "runs/n", "--top", "0", "--no-copies"], monkeypatch, capsys)
+    assert code == 0, err
+    audited = {
+        str(Path(r["path"]).relative_to(tmp_path / "imgs")): r["label"]
+        for r in read_csv_text(out)
+        if r["kind"] == "label"
+    }
+    assert len(noisy) == 6 and all(audited[p] == label for p, label in noisy.items())
+    assert "the 6 labels --label-noise changed, among the 15 training rows: AUROC" in err

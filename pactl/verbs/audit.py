@@ -351,15 +351,20 @@ def sheet_rows(result: AuditResult, top: int) -> list[tuple[Any, list[Any], list
 
 
 def planted_report(result: AuditResult) -> str | None:
-    """For a run trained with --label-noise: how well the ranking finds the labels it changed
-    (AUROC, and precision among the top K, K the number changed)."""
+    """For a run trained with --label-noise: how well the ranking of its training rows (where
+    the noise went) finds the labels it changed: AUROC, and precision among the top K (K the
+    number changed)."""
     planted = result.data.planted
-    if planted is None or not planted.any() or planted.all():
+    if planted is None:
+        return None
+    train = np.array([s == "train" for s in result.data.splits])
+    planted, doubted = planted[train], result.scores.doubt[train]
+    if not planted.any() or planted.all():
         return None
     k = int(planted.sum())
-    top = result.ranked(result.scores.doubt, k)
+    top = result.ranked(doubted, k)
     return (
-        f"the {counted(k, 'label')} --label-noise changed: AUROC "
-        f"{doubt.auroc(result.scores.doubt, planted):.4f}, precision among the top {k:,} "
+        f"the {counted(k, 'label')} --label-noise changed, among the {train.sum():,} training "
+        f"rows: AUROC {doubt.auroc(doubted, planted):.4f}, precision among the top {k:,} "
         f"{planted[top].mean():.4f}"
     )

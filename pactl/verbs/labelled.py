@@ -11,6 +11,7 @@ searched through its own FAISS index.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,7 @@ def read_run(
     vectors = done.vectors
     network = (model, Network(model_cfg, fingerprint(payload["model"]), str(path.resolve())))
     return Labelled(
-        paths=[str(manifest.root / manifest.paths[i]) for i in rows.tolist()],
+        paths=[os.path.abspath(manifest.root / manifest.paths[i]) for i in rows.tolist()],
         codes=codes,
         names=by_code,
         splits=[manifest.splits[i] for i in rows.tolist()],
@@ -228,7 +229,7 @@ def labels_from(
     from pactl.datasets import load_source
 
     manifest = load_source(source, reporter)
-    given = {str(manifest.root / p): i for i, p in enumerate(manifest.paths)}
+    given = {os.path.abspath(manifest.root / p): i for i, p in enumerate(manifest.paths)}
     rows = np.array([r for r, p in enumerate(paths) if p in given], dtype=np.int64)
     if not len(rows):
         raise PactlError(
