@@ -425,3 +425,25 @@ def test_a_sharded_vectors_folder_makes_one_binary_bundle(tmp_path: Path) -> Non
     assert (tmp_path / "b" / "floats.npy").stat().st_nlink == 1  # a copy, not a link
     scores, found = search(bundle, vectors[[5, 150, 299]], 1)
     assert found[:, 0].tolist() == [5, 150, 299] and np.allclose(scores[:, 0], 1.0, atol=1e-5)
+
+
+def test_index_of_a_bits_network_makes_its_own_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from conftest import TINY, make_class_folder
+
+    imgs = make_class_folder(tmp_path / "imgs", classes=6, per_class=6)
+    monkeypatch.setenv("PACTL_RUNS", str(tmp_path / "runs"))
+    train = ["train", str(imgs), *TINY, "--bits", "16", "--epochs", "1", "--name", "b", "-q"]
+    code, _, err = run_cli(train, monkeypatch, capsys)
+    assert code == 0, err
+    best = str(tmp_path / "runs" / "b" / "best.pt")
+    args = ["index", str(imgs), "--checkpoint", best, "--out", str(tmp_path / "c"), "-q"]
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    assert code == 0 and "(BFlat, 16-bit codes)" in out, err
+    bundle = load_bundle(tmp_path / "c")
+    assert bundle.meta["binary"]["rotation"] == "none" and bundle.index.bits == 16
+    floats = np.load(tmp_path / "c" / "floats.npy")
+    stored = faiss.downcast_IndexBinary(bundle.index.codes.index)
+    codes = faiss.rev_swig_ptr(stored.xb.data(), len(floats) * 2).reshape(len(floats), 2)
+    assert (codes == np.packbits(floats > 0, axis=1)).all()  # the network's own signs

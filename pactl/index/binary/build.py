@@ -298,8 +298,7 @@ def tune_binary(
 
     def measure(candidates: int, params: str) -> float:
         apply_search_params(binary.codes, params)
-        scores, found = binary.with_rescore(candidates).search(queries, k + 1)
-        return recall_at_k(exclude_by_id(scores, found, own, k)[1], truth)
+        return _recall(binary, (queries, own, truth), k, candidates)
 
     knob = code_knob(binary.codes, k)
     depth = config.rescore
@@ -335,18 +334,36 @@ def _tuned_depth(
     (queries, their own ids, their true neighbours). The codes are searched once (with
     `params`), as deep as the deepest rescoring tried: a shallower one's candidates are the
     first of those, ordered by (distance, id) as every search orders them."""
-    queries, own, truth = tried
     apply_search_params(binary.codes, params)
-    depth = min(binary.ntotal, (k + 1) * MAX_TUNED_RESCORE)
-    _, pool = binary.candidates(binary.rotation.codes(queries), depth)
+    depth = min(binary.ntotal, k * MAX_TUNED_RESCORE + 1)
+    _, pool = binary.candidates(binary.rotation.codes(tried[0]), depth)
 
     def measure(setting: str) -> float:
-        first = pool[:, : (k + 1) * int(setting.partition("=")[2])]
-        scores, found = rescore(binary.floats, binary.positions, queries, first, k + 1)
-        return recall_at_k(exclude_by_id(scores, found, own, k)[1], truth)
+        return _recall(binary, tried, k, int(setting.partition("=")[2]), pool)
 
     knob = _Knob("rescore", 1, MAX_TUNED_RESCORE, lambda f: f"rescore={f}")
     return _smallest_setting(knob, measure, aim, reporter)[0]
+
+
+def _recall(
+    binary: BinaryIndex,
+    tried: tuple[np.ndarray, np.ndarray, np.ndarray],
+    k: int,
+    depth: int,
+    pool: np.ndarray | None = None,
+) -> float:
+    """Recall@k of the `tried` (queries, own ids, true neighbours) as a query that is not an
+    item sees it: its k x depth nearest codes but its own (depth 0: its k nearest, in Hamming
+    order), rescored by cosine. `pool`: the queries' candidates found already, deep enough."""
+    queries, own, truth = tried
+    wanted = min(binary.ntotal, k * max(depth, 1) + 1)
+    if pool is None:
+        _, pool = binary.candidates(binary.rotation.codes(queries), wanted)
+    mine = pool[:, :wanted]
+    found = exclude_by_id(np.zeros(mine.shape, np.float32), mine, own, wanted - 1)[1]
+    if depth:
+        found = rescore(binary.floats, binary.positions, queries, found, k)[1]
+    return recall_at_k(found[:, :k], truth)
 
 
 def code_knob(codes: Any, k: int) -> _Knob | None:
