@@ -3,16 +3,16 @@ of its outliers, and of its copies across splits or under two labels; a manifest
 rows a user chose to drop. Nothing here deletes, moves or relabels an image.
 
 Each item is scored in batches (pactl.doubt): the classes' witness (its cosine to its own class's
-proxy, or class mean without itself, against the other classes'), the neighbours' witness (the
-share of its k nearest other items carrying its label), their blend, the label they suggest
-instead, and how far it lies from every class and every neighbour (outliers).
+mean without itself, or with --centres proxies to the run's proxy, against the other classes'),
+the neighbours' witness (the share of its k nearest other items carrying its label), their
+blend, the label they suggest instead, and how far it lies from every class and every neighbour
+(outliers).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -323,28 +323,29 @@ def findings(result: AuditResult, top: int) -> list[list[Finding]]:
     return [labels, outliers, pairs["leak"], pairs["conflict"]]
 
 
-def sheet_rows(result: AuditResult, top: int) -> list[tuple[Any, list[Any], list[Any]]]:
+SheetTile = tuple[str, str, float]  # pactl.report.SheetTile: path, caption's label, score
+
+
+def sheet_rows(
+    result: AuditResult, top: int
+) -> list[tuple[SheetTile, list[SheetTile], list[SheetTile]]]:
     """The contact sheet's rows (pactl.report.suspect_sheet) for the `top` suspects: the image,
     then its nearest carrying the given label, then those carrying the suggested one."""
     data, scores = result.data, result.scores
+
+    def tile(j: int, score: float) -> SheetTile:
+        return data.paths[j], data.names[data.codes[j]], score
+
     rows = []
     for i in result.ranked(scores.doubt, top).tolist():
         given, instead = int(data.codes[i]), int(scores.suggested[i])
-        near = [
-            (int(j), float(s))
-            for j, s in zip(result.found[i], result.sims[i], strict=True)
-            if j >= 0
-        ]
-        tile = lambda j, s: (data.paths[j], data.names[data.codes[j]], s)  # noqa: E731
+        near = [(int(j), float(s)) for j, s in zip(result.found[i], result.sims[i], strict=True)]
+        caption = f"{data.names[given]}→{data.names[instead] if instead >= 0 else '?'}"
         rows.append(
             (
-                (
-                    data.paths[i],
-                    f"{data.names[given]}→{data.names[instead] if instead >= 0 else '?'}",
-                    float(scores.doubt[i]),
-                ),
-                [tile(j, s) for j, s in near if data.codes[j] == given],
-                [tile(j, s) for j, s in near if data.codes[j] == instead],
+                (data.paths[i], caption, float(scores.doubt[i])),
+                [tile(j, s) for j, s in near if j >= 0 and data.codes[j] == given],
+                [tile(j, s) for j, s in near if j >= 0 and data.codes[j] == instead],
             )
         )
     return rows
