@@ -2,12 +2,12 @@
 
 The plan is made after epoch 0 (the evaluation before the first step), from what this run
 measured: the seconds spent so far (header checks, building the network, epoch 0), one timed
-training step with its decoding (pactl.training.timing.estimate_epoch) and epoch 0's evaluation time. It keeps
-one evaluation's time in reserve for the end of the run (curves, the calibration of best.pt) and
-fits as many epochs as the rest holds. The recipe's shape is kept: the learning rate decays at
-the same fractions of the run (a recipe of 8 epochs decaying every 4 decays at half of the
-fitted run), and head-only warm-up epochs stay as many as the recipe has, leaving at least one
-epoch that trains everything.
+training step with its decoding (pactl.training.timing.estimate_epoch) and epoch 0's evaluation
+time. It keeps one evaluation's time in reserve for the end of the run (curves, the calibration
+of best.pt) and fits as many epochs as the rest holds. The recipe's shape is kept: the learning
+rate decays at the same fractions of the run (a recipe of 8 epochs decaying every 4 decays at
+half of the fitted run), and head-only warm-up epochs stay as many as the recipe has, leaving at
+least one epoch that trains everything.
 
 A plan from one step can be off either way (a step timed while other work shared the cores, a
 machine that gets busier, an epoch slower than its step), so it is made once more (`replan`)
