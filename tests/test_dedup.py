@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import faiss
 import numpy as np
 import pytest
 from conftest import unit
@@ -195,3 +198,81 @@ def test_a_score_exactly_at_the_threshold_joins() -> None:
         VectorSearcher(x), DedupConfig(threshold=float(np.nextafter(scores[0, 2], 1)))
     )
     assert above.count == 0
+
+
+def small_bundle(root: Path, x: np.ndarray, factory: str) -> Path:
+    """A bundle of `x` (ids 100, 101, ...) built by `pactl index VECTORS` with `factory`."""
+    from test_ondisk import write_vectors_folder
+
+    from pactl.config import IndexConfig
+    from pactl.console import QUIET
+    from pactl.verbs.index import index_vectors
+
+    write_vectors_folder(root / "v", x, np.arange(len(x)) + 100)
+    index_vectors(root / "v", root / "b", IndexConfig(factory=factory), QUIET)
+    return root / "b"
+
+
+@pytest.mark.parametrize("factory", ["Flat", "IVF4,Flat"])
+def test_a_bundles_own_index_groups_its_live_items(tmp_path: Path, factory: str) -> None:
+    """BundleSearcher: a bundle's live items in table order, searched by the bundle's own index
+    (exact codes: no margin), grouped as brute force groups their vectors. Items deleted and
+    compacted away leave ids that are not 0..n-1 (an IVF read back by id needs a hash table
+    then); an item deleted since is in no group and never comes back as a candidate."""
+    from pactl.index import compact_bundle, delete_items, load_bundle
+
+    x = planted(np.random.default_rng(3), 60, 12)
+    bundle = small_bundle(tmp_path, x, factory)
+    delete_items(bundle, [100 + 5, 100 + 17])
+    compact_bundle(bundle)
+    delete_items(bundle, [100 + 23])
+    searcher = dedup.BundleSearcher(load_bundle(bundle))
+    live = np.setdiff1d(np.arange(len(x)), [5, 17, 23])
+    assert searcher.n == len(live) and not searcher.approximate and searcher.margin == 0.0
+    assert searcher.ids.tolist() == (live + 100).tolist()
+    np.testing.assert_allclose(searcher.vectors(np.array([30, 0])), x[live[[30, 0]]], atol=1e-6)
+    if factory != "Flat":
+        faiss.extract_index_ivf(searcher.index).nprobe = 4  # every list: exact
+    groups = find_groups(searcher, DedupConfig(threshold=0.8, batch_size=13))
+    assert as_sets(groups) == brute_components(x[live], 0.8)
+    _, rows = searcher.candidates(x[[23]], 0.99)  # the deleted item's own vector
+    assert 23 not in live[rows[rows >= 0]].tolist()
+
+
+def test_a_bundle_of_compressed_codes_is_approximate(tmp_path: Path) -> None:
+    """Codes that are not the vectors (SQ8): scores are approximate, so candidates are searched
+    CODE_MARGIN below the threshold and rescored; groups of near copies still match brute
+    force on the vectors read back."""
+    from pactl.index import load_bundle
+
+    x = planted(np.random.default_rng(4), 80, 15, dim=32)
+    searcher = dedup.BundleSearcher(load_bundle(small_bundle(tmp_path, x, "SQ8")))
+    assert searcher.approximate and searcher.margin == dedup.CODE_MARGIN
+    groups = find_groups(searcher, DedupConfig(threshold=0.9))
+    read = searcher.vectors(np.arange(searcher.n))
+    assert as_sets(groups) == brute_components(read, 0.9) == brute_components(x, 0.9)
+
+
+def test_a_graph_index_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    from pactl.errors import PactlError
+    from pactl.index import load_bundle
+
+    x = planted(np.random.default_rng(5), 40, 5)
+    hnsw = load_bundle(small_bundle(tmp_path / "h", x, "HNSW8"))
+    with pytest.raises(PactlError, match="graph index.*its vectors folder"):
+        dedup.check_range_search(hnsw.index, "b")
+    dedup.check_range_search(load_bundle(small_bundle(tmp_path / "f", x, "Flat")).index, "b")
+
+
+def test_file_facts_fill_only_what_is_unknown(tmp_path: Path) -> None:
+    """Sizes and mtimes recorded as -1 are read from the files; known ones are kept, a file
+    that is gone stays -1, and the arrays given are not changed."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_bytes(b"12345")
+    b.write_bytes(b"1")
+    paths = [str(a), str(b), str(tmp_path / "gone")]
+    sizes, mtimes = np.array([-1, 7, -1]), np.array([-1, 9, -1])
+    got_sizes, got_mtimes = dedup.file_facts(lambda i: paths[i], sizes, mtimes)
+    assert got_sizes.tolist() == [5, 7, -1]
+    assert got_mtimes.tolist() == [a.stat().st_mtime_ns, 9, -1]
+    assert sizes.tolist() == [-1, 7, -1] and mtimes.tolist() == [-1, 9, -1]

@@ -290,7 +290,9 @@ class BundleSearcher:
         self.floats = getattr(self.index, "floats", None)  # a binary bundle's (item rows)
         ivf = faiss.try_extract_index_ivf(self.index) if self.floats is None else None
         if ivf is not None:
-            ivf.make_direct_map(True)  # reconstruct by id (a hash table: any ids)
+            # reconstruct by id: a hash table takes any ids (an array only 0..n-1, which a
+            # compacted bundle no longer has)
+            ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
         self.approximate = self.floats is None and not _exact_codes(self.index)
         self.margin = CODE_MARGIN if self.approximate else 0.0
         self._sorted = np.argsort(self.ids)
