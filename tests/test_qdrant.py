@@ -85,6 +85,33 @@ def test_deleted_items_are_not_exported(bundle: Path, tmp_path: Path) -> None:
         np.testing.assert_allclose(p.vector, table.vectors[row[p.id]], atol=1e-6)
 
 
+def test_a_compacted_ivf_bundle_exports_its_vectors(tmp_path: Path) -> None:
+    """An IVF bundle compacted after a delete holds ids that are not 0..n-1: its vectors are
+    still read back by id (a hash table, not an array) and exported exactly."""
+    import pactl
+    from pactl.config import QdrantConfig
+    from pactl.interop.qdrant import connect
+    from pactl.verbs.export import export_qdrant
+
+    pactl.embed_folder(tmp_path / "photos", model=tiny_run(tmp_path), out=tmp_path / "vectors")
+    bundle = pactl.build_index(tmp_path / "vectors", out=tmp_path / "b", factory="IVF2,Flat")
+    index = pactl.open_index(bundle)
+    index.delete(ids=[0, 9])
+    index.compact()
+    done = export_qdrant(bundle, str(tmp_path / "qd"), QdrantConfig(), QUIET)
+    assert done == {"written": 14, "skipped": 0, "count": 14}
+    client = connect(str(tmp_path / "qd"))
+    try:
+        points = client.retrieve("pactl", list(range(16)), with_vectors=True)
+    finally:
+        client.close()
+    table = pactl.read_vectors(tmp_path / "vectors")
+    row = {int(i): r for r, i in enumerate(table.items.ids.tolist())}
+    assert sorted(int(p.id) for p in points) == [i for i in range(16) if i not in (0, 9)]
+    for p in points:
+        np.testing.assert_allclose(p.vector, table.vectors[row[int(p.id)]], atol=1e-6)
+
+
 def test_a_collection_of_another_dimension_or_metric_is_refused(tmp_path: Path) -> None:
     from qdrant_client import models
 
