@@ -292,7 +292,8 @@ class BundleSearcher:
         if ivf is not None:
             # reconstruct by id: a hash table takes any ids (an array only 0..n-1, which a
             # compacted bundle no longer has)
-            ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+            hashtable = faiss.DirectMap.Hashtable  # type: ignore[attr-defined]  # not in the stub
+            ivf.set_direct_map_type(hashtable)
         self.approximate = self.floats is None and not _exact_codes(self.index)
         self.margin = CODE_MARGIN if self.approximate else 0.0
         self._sorted = np.argsort(self.ids)

@@ -79,7 +79,8 @@ def _reconstruct(index: Any, ids: np.ndarray, source: Path) -> np.ndarray:
     ivf = faiss.try_extract_index_ivf(index)
     try:
         if ivf is not None:  # a hash table takes any ids (an array only 0..n-1: not compacted)
-            ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+            hashtable = faiss.DirectMap.Hashtable  # type: ignore[attr-defined]  # not in the stub
+            ivf.set_direct_map_type(hashtable)
         return np.asarray(index.reconstruct_batch(ids), dtype=np.float32)
     except RuntimeError:
         raise PactlError(
