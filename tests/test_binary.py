@@ -90,7 +90,11 @@ def test_hamming_order_through_a_bundle_search_with_rescore_0(tmp_path: Path) ->
     assert np.allclose(scores, 1 - 2 * want_d / 16)
 
 
-def test_rescoring_equals_exact_cosine_on_the_candidates() -> None:
+@pytest.mark.parametrize("block_bytes", [32 * 2**20, 4096])  # one block; a block a query
+def test_rescoring_equals_exact_cosine_on_the_candidates(
+    block_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pactl.index.binary.search.RESCORE_BYTES", block_bytes)
     rng = np.random.default_rng(2)
     vectors = unit(rng.standard_normal((800, 32))).astype(np.float32)
     ids = np.arange(800, dtype=np.int64) + 1000

@@ -138,21 +138,26 @@ def rescore(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The k best of each query's candidate ids `found` (nq, m; -1 for none) by exact cosine
     with their float vectors: (scores float32, ids int64), (nq, min(k, m)), best first, level
-    scores in candidate order. Each candidate's vector is read once per call, in file order,
-    and the pages read are dropped from the process after (pactl.index.mapped.drop_pages)."""
+    scores in candidate order. A block of queries at a time (RESCORE_BYTES of gathered
+    vectors), each block's candidates read once, in file order, and their pages dropped from
+    the process after (pactl.index.mapped.drop_pages): memory stays the block's whatever the
+    number of queries or the size of the file."""
     at = positions(found)  # (nq, m) rows of `floats`, -1 for none
     if ((found >= 0) & (at < 0)).any():
         raise PactlError("a candidate of the binary index is not an item: rebuild the bundle")
-    needed = np.unique(at[at >= 0])
-    vectors = np.ascontiguousarray(floats[needed], dtype=np.float32)  # (u, d)
-    drop_pages(floats)
-    where = np.searchsorted(needed, np.maximum(at, 0))
     scores = np.full(found.shape, -np.inf, dtype=np.float32)
-    step = max(1, RESCORE_BYTES // max(1, found.shape[1] * vectors.shape[1] * 4))
+    step = max(1, RESCORE_BYTES // max(1, found.shape[1] * floats.shape[1] * 4))
     for start in range(0, len(found), step):
-        block = slice(start, start + step)
-        gathered = vectors[where[block]]  # (b, m, d)
-        scores[block] = np.einsum("bmd,bd->bm", gathered, queries[block])
+        rows = at[start : start + step]
+        needed = np.unique(rows[rows >= 0])
+        if not len(needed):
+            continue
+        vectors = np.ascontiguousarray(floats[needed], dtype=np.float32)  # (u, d)
+        drop_pages(floats[needed[0] : needed[-1] + 1])
+        gathered = vectors[np.searchsorted(needed, np.maximum(rows, 0))]  # (b, m, d)
+        scores[start : start + step] = np.einsum(
+            "bmd,bd->bm", gathered, queries[start : start + step]
+        )
     scores[at < 0] = -np.inf
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
     kept = np.take_along_axis(scores, order, 1)
