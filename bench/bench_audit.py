@@ -20,9 +20,10 @@ that also carry two labels); `pactl audit RUN --source planted.csv` at its calib
 Recall: the planted pairs reported as leaks. A reported pair is false when it is not planted and
 its two images differ (pixels compared at the smaller one's size: more than 8 of 255 anywhere).
 
-retrain: each RUN's training rows doubted at least --drop-above (0.5) left out of a manifest
-(audit --write-manifest's, the test rows all kept) and the run's recipe trained on it again: its
-last Recall@1 beside the noisy run's.
+retrain: each RUN's K most doubted training rows (K: as many as its noise changed, the rate
+PRISM's drop share is set to; `pactl audit --drop-top K`) left out of a manifest (audit
+--write-manifest's, the test rows all kept) and the run's recipe trained on it again: its last
+Recall@1 beside the noisy run's.
 
 scale: --n unit vectors of bench_index's clustered mixture (n/50 classes) with 10% of the labels
 moved to another class, a bundle built by `pactl index` (its default index), then `pactl audit
@@ -130,9 +131,10 @@ def train_rows_only(data: Labelled, train: np.ndarray) -> Labelled:
     )
 
 
-def retrain_mode(runs: list[Path], work: Path, drop_above: float) -> None:
-    """Each noisy run's training rows whose doubt is at least `drop_above` left out of a clean
-    manifest (test rows all kept), and the run's recipe trained again on it."""
+def retrain_mode(runs: list[Path], work: Path) -> None:
+    """Each noisy run's K most doubted training rows (K: as many as its noise changed, the rate
+    PRISM's drop share is set to) left out of a clean manifest (the test rows all kept), and the
+    run's recipe trained again on it."""
     from pactl.verbs.audit import AuditResult, write_clean_manifest
 
     log = Reporter(quiet=True)
@@ -146,12 +148,13 @@ def retrain_mode(runs: list[Path], work: Path, drop_above: float) -> None:
         config = AuditConfig(copies=False)
         scores, found, sims = score_rows(data, choose_centres(data, config)[0], config, log)
         train = np.array([s == "train" for s in data.splits])
-        drop = np.flatnonzero(train & (scores.doubt >= drop_above))
+        planted = data.planted if data.planted is not None else np.zeros(len(data), bool)
+        ranked = np.flatnonzero(train)[np.argsort(-scores.doubt[train], kind="stable")]
+        drop = np.sort(ranked[: int(planted.sum())])
         result = AuditResult(data, scores, [], None, "", found, sims)
         manifest = work / f"{run.name}-clean.csv"
         write_clean_manifest(result, drop, manifest)
         again = retrain(run, manifest, work / f"{run.name}-clean")
-        planted = data.planted if data.planted is not None else np.zeros(len(data), bool)
         print(
             f"| {run.name} | {len(drop)} | {int(planted[drop].sum())} | "
             f"{int(planted.sum() - planted[drop].sum())} | {last_recall(run):.4f} | "
@@ -325,7 +328,6 @@ def report_scale(stderr: str, work: Path, moved: np.ndarray) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=("labels", "copies", "scale", "retrain"))
-    p.add_argument("--drop-above", type=float, default=0.5, help="retrain: the doubt dropped")
     p.add_argument("runs", nargs="*", type=Path)
     p.add_argument("--set", dest="source", default="/tmp/pactl-real/fonts28")
     p.add_argument("--work", type=Path, default=Path("/tmp/pactl-audit-bench"))
@@ -339,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "labels":
         labels_mode(args.runs)
     elif args.mode == "retrain":
-        retrain_mode(args.runs, args.work, args.drop_above)
+        retrain_mode(args.runs, args.work)
     elif args.mode == "copies":
         copies_mode(
             args.runs[0], args.source, args.work, args.copies, args.seed, args.copy_threshold

@@ -162,6 +162,10 @@ def test_audit_of_a_bundle_and_the_manifest_without_the_chosen_rows(
     run_cli([*args, "--drop-above", "0.5", "--write-manifest", "c2.csv"], monkeypatch, capsys)
     kept = [r["path"] for r in read_csv(tmp_path / "c2.csv")]
     assert kept == [f"/d/{i}.png" for i in range(24) if f"/d/{i}.png" not in doubted]
+    first = [r[3] for r in (line.split(",") for line in ranked.splitlines()) if r[0] == "label"]
+    run_cli([*args, "--drop-top", "2", "--write-manifest", "c3.csv"], monkeypatch, capsys)
+    kept = [r["path"] for r in read_csv(tmp_path / "c3.csv")]
+    assert kept == [f"/d/{i}.png" for i in range(24) if f"/d/{i}.png" not in first[:2]]
 
 
 def test_a_bundle_without_labels_is_one_line(
@@ -196,7 +200,7 @@ def test_manifest_options_need_each_other(
 ) -> None:
     (tmp_path / "b").mkdir()
     code, _, err = run_cli(["audit", "b", "--write-manifest", "x.csv"], monkeypatch, capsys)
-    assert code == 2 and "--drop FILE or --drop-above" in one_error(err)
+    assert code == 2 and "--drop FILE, --drop-above DOUBT or --drop-top N" in one_error(err)
     code, _, err = run_cli(["audit", "b", "--drop-above", "0.5"], monkeypatch, capsys)
     assert code == 2 and "give it too" in one_error(err)
 

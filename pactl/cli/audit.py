@@ -88,8 +88,8 @@ def audit(
     write_manifest: Annotated[
         Path | None,
         typer.Option(
-            help="Write a manifest of the audited rows without those chosen by --drop and "
-            "--drop-above (labels as audited, absolute paths)."
+            help="Write a manifest of the audited rows without those chosen by --drop, "
+            "--drop-above and --drop-top (labels as audited, absolute paths)."
         ),
     ] = None,
     drop: Annotated[
@@ -106,6 +106,10 @@ def audit(
         typer.Option(
             min=0.0, max=1.0, metavar="DOUBT", help="Leave out the labels doubted this much."
         ),
+    ] = None,
+    drop_top: Annotated[
+        int | None,
+        typer.Option(min=1, metavar="N", help="Leave out the N most doubted labels."),
     ] = None,
     fmt: Annotated[
         Format | None,
@@ -135,7 +139,8 @@ def audit(
     from pactl.verbs.audit import AuditConfig, findings, planted_report
     from pactl.verbs.audit import audit as run_audit
 
-    checks(sheet, write_manifest, drop, drop_above)
+    dropping = drop is not None or drop_above is not None or drop_top is not None
+    checks(sheet, write_manifest, dropping)
     log = reporter(quiet)
     config = AuditConfig(
         source=source,
@@ -159,25 +164,25 @@ def audit(
         f"{counted(len(result.data), 'item')}: {counted(len(result.copies), 'copy pair')} "
         "across splits or under two labels"
     )
-    outputs(result, sheet, write_manifest, drop, drop_above, top, log)
+    outputs(result, sheet, write_manifest, (drop, drop_above, drop_top), top, log)
 
 
-def checks(
-    sheet: Path | None, manifest: Path | None, drop: Path | None, drop_above: float | None
-) -> None:
+def checks(sheet: Path | None, manifest: Path | None, dropping: bool) -> None:
     """Outputs that cannot be written, and drops without a manifest, refused before any work."""
     from pactl.report import check_image_path
 
     if sheet is not None:
         check_image_path(sheet)
         check_output(sheet, "--sheet", folder=False)
-    if (drop is not None or drop_above is not None) and manifest is None:
-        raise UsageError("--drop and --drop-above choose rows for --write-manifest: give it too")
+    if dropping and manifest is None:
+        raise UsageError(
+            "--drop, --drop-above and --drop-top choose rows for --write-manifest: give it too"
+        )
     if manifest is not None:
-        if drop is None and drop_above is None:
+        if not dropping:
             raise UsageError(
                 "--write-manifest writes the rows you keep: choose those to leave out with "
-                "--drop FILE or --drop-above DOUBT"
+                "--drop FILE, --drop-above DOUBT or --drop-top N"
             )
         check_output(manifest, "--write-manifest", folder=False)
 
@@ -186,8 +191,7 @@ def outputs(
     result: AuditResult,
     sheet: Path | None,
     manifest: Path | None,
-    drop: Path | None,
-    drop_above: float | None,
+    drops: tuple[Path | None, float | None, int | None],
     top: int,
     log: Reporter,
 ) -> None:
@@ -199,7 +203,7 @@ def outputs(
         suspect_sheet(sheet_rows(result, top or 20), sheet)
         log.log(f"wrote {sheet}")
     if manifest is not None:
-        rows = chosen_rows(result, drop, drop_above)
+        rows = chosen_rows(result, *drops)
         written = write_clean_manifest(result, rows, manifest)
         log.log(
             f"wrote {manifest}: {counted(written, 'row')} ({counted(len(rows), 'row')} left out)"

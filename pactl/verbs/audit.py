@@ -218,13 +218,19 @@ def copy_threshold(
 
 
 def chosen_rows(
-    result: AuditResult, drop_file: Path | None, drop_above: float | None
+    result: AuditResult,
+    drop_file: Path | None,
+    drop_above: float | None,
+    drop_top: int | None = None,
 ) -> np.ndarray:
     """The rows a user chose to drop: those a CSV names in its `path` column (audit's own csv
-    output, edited, or any list), and those whose doubt is at or above `drop_above`."""
+    output, edited, or any list), those whose doubt is at or above `drop_above`, and the
+    `drop_top` most doubted."""
     drop = np.zeros(len(result.data), dtype=bool)
     if drop_above is not None:
         drop |= result.scores.doubt >= drop_above
+    if drop_top:
+        drop[result.ranked(result.scores.doubt, drop_top)] = True
     if drop_file is not None:
         named = read_paths(drop_file)
         at = {p: i for i, p in enumerate(result.data.paths)}
