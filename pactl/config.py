@@ -200,8 +200,8 @@ class TrainConfig:
     drop_noisy: float = setting(
         0.0, number(0, 1, below=True),
         "Keep this share of each batch out of the loss from the second epoch on: the images "
-        "whose label the proxies (or class centres) and their nearest training images doubt "
-        "most, as PRISM does (0: off).",
+        "whose label their class's mean and their nearest training images (a memory of each "
+        "image's last embedding) doubt most, as PRISM does (0: off).",
     )  # fmt: skip  # pactl.training.robust
     eval_ks: tuple[int, ...] = setting(
         (1, 2, 4, 8), integers(32, 1, MAX_K), "Recall@K reported each epoch.", cli=False
