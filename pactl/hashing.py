@@ -1,14 +1,14 @@
 """Binary codes learned with the loss (`pactl train --bits N`): the quantisation term, the hash
 centres, and the code losses that combine them with a metric-learning loss.
 
-A network trained with --bits N ends in an N-d head whose outputs are centred by a BatchNorm
-(pactl.model: each bit then splits the images about evenly); its L2-normalised output u is the
-relaxed code and sign(u) the code. For N-bit codes held as +-1 vectors b and c, cos(b, c) = 1 -
-2 hamming(b, c) / N, so a loss on cosines is a loss on Hamming distances once u is a normalised
-+-1 vector, that is once |u_i| = 1 / sqrt(N) for every i. The quantisation term measures how far
-u is from there as 1 - cos(u, sign(u)) = 1 - |u|_1 / (|u|_2 sqrt(N)): 0 for a code, below 1
-(HashNet, DPN and CSQ add such a term beside their similarity loss). Two ways to learn codes
-(CODE_PROXIES):
+A network trained with --bits N ends in an N-d head whose outputs are centred at test on the
+mean of those training saw (pactl.model.TrainingMean: each bit then splits the images about
+evenly); its L2-normalised output u is the relaxed code and sign(u) the code. For N-bit codes
+held as +-1 vectors b and c, cos(b, c) = 1 - 2 hamming(b, c) / N, so a loss on cosines is a
+loss on Hamming distances once u is a normalised +-1 vector, that is once |u_i| = 1 / sqrt(N)
+for every i. The quantisation term measures how far u is from there as 1 - cos(u, sign(u)) =
+1 - |u|_1 / (|u|_2 sqrt(N)): 0 for a code, below 1 (HashNet, DPN and CSQ add such a term beside
+their similarity loss). Two ways to learn codes (CODE_PROXIES):
 
 - learned: the run's own loss (Proxy-Anchor by default) on u, its proxies learned as usual, plus
   `quantization` times the term on u and on the proxies;

@@ -33,10 +33,29 @@ POOLINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+class TrainingMean(nn.Module):
+    """At test, each output less the running mean of the outputs training saw; training passes
+    them through unchanged and keeps that mean up to date (momentum 0.1, as BatchNorm's)."""
+
+    def __init__(self, size: int, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.momentum = momentum
+        self.register_buffer("running_mean", torch.zeros(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, D) -> (B, D)
+        running = self.running_mean
+        assert isinstance(running, torch.Tensor)
+        if not self.training:
+            return x - running.to(x.dtype)
+        with torch.no_grad():
+            running.lerp_(x.detach().mean(dim=0).to(running.dtype), self.momentum)
+        return x
+
+
 class EmbeddingNet(nn.Module):
     """embedding_dim 0: no head, the pooled backbone features themselves (the baseline a
     pretrained network gives before any training). `bits`: a code network's head (pactl.hashing),
-    its Linear followed by a BatchNorm without scale or shift."""
+    its outputs centred at test on the mean of those training saw (TrainingMean)."""
 
     def __init__(
         self,
@@ -57,10 +76,11 @@ class EmbeddingNet(nn.Module):
             nn.init.zeros_(linear.bias)
             self.embedding = linear
         if embedding_dim and bits:
-            # Each output centred on the training batches (at test, their running means), so
-            # that each bit splits the images about evenly: the raw signs of an embedding that
-            # is not centred leave most bits nearly constant.
-            self.embedding = nn.Sequential(linear, nn.BatchNorm1d(bits, affine=False))
+            # Signs of outputs that share a common direction leave most bits nearly constant;
+            # centred on the training mean, each bit splits the images about evenly. Centring
+            # only at test leaves the loss what it sees without (centring each training batch,
+            # or BatchNorm, slowed Proxy-Anchor down: docs/benchmarks.md, "Learned binary codes").
+            self.embedding = nn.Sequential(linear, TrainingMean(bits))
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.backbone(images)  # (B, C, h, w)

@@ -171,18 +171,16 @@ def test_centres_beyond_the_hadamard_rows_are_seeded_draws() -> None:
     assert hash_centres(129, 64, torch.Generator().manual_seed(1)).shape == (129, 64)
 
 
-def test_train_bits_writes_a_code_network(
+def test_train_bits_writes_codes_that_index_picks_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`pactl train digits --bits 32`: best.pt makes 32-bit codes, its vectors are 32-d and unit,
-    and the epoch's metrics are its codes' (Hamming, ties by id) on the test split."""
+    the epoch's metrics are its codes' (Hamming, ties by id) on the test split, and `pactl
+    index` of its vectors, given no option, holds their signs as 32-bit codes."""
+    import faiss
     from conftest import read_csv
 
     from pactl import checkpoint
-    from pactl.config import TrainConfig
-    from pactl.console import QUIET
-    from pactl.datasets import load_source
-    from pactl.evaluation import split_vectors
 
     code, _, err = run_cli(
         ["train", "digits", "--bits", "32", "--epochs", "1", "--name", "b", "--quiet"],
@@ -191,19 +189,52 @@ def test_train_bits_writes_a_code_network(
     )
     assert code == 0, err
     run = tmp_path / "runs" / "b"
-    model, model_cfg, payload = checkpoint.load_model(run / "best.pt")
+    _, model_cfg, payload = checkpoint.load_model(run / "best.pt")
     assert payload["model_config"]["bits"] == 32 and model_cfg.embedding_dim == 32
-    config = json.loads((run / "config.json").read_text())
-    assert config["model_config"]["bits"] == 32
-    test = load_source("digits", QUIET).select("test")
-    cfg = TrainConfig(workers=0)
-    vectors, labels = split_vectors(model, test, "test", model_cfg, cfg, torch.device("cpu"), QUIET)
-    assert vectors.shape == (len(test), 32)
+    assert json.loads((run / "config.json").read_text())["model_config"]["bits"] == 32
+    manifest = tmp_path / "home" / "datasets" / "digits" / "manifest.csv"
+    for args in (
+        ["embed", str(manifest), "--checkpoint", str(run / "best.pt"), "--out", "v"],
+        ["index", "v", "--out", "b"],
+    ):
+        code, _, err = run_cli([*args, "--quiet"], monkeypatch, capsys)
+        assert code == 0, err
+    vectors = np.load(tmp_path / "v" / "vectors.npy")
+    assert vectors.shape[1] == 32
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    split = {str(manifest.parent / r["path"]): r["split"] for r in read_csv(manifest)}
+    items = read_csv(tmp_path / "v" / "items.csv")
+    test = [i for i, row in enumerate(items) if split[row["path"]] == "test"]
+    labels = np.array([int(items[i]["label"]) for i in test])
     last = read_csv(run / "metrics.csv")[-1]
-    scores = hamming.evaluate(vectors, labels, (1, 2, 4, 8))
+    scores = hamming.evaluate(vectors[test], labels, (1, 2, 4, 8))
     for name in ("recall@1", "recall@2", "map@r"):
         assert float(last[name]) == pytest.approx(scores[name], abs=1e-4), name
+    meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    assert meta["binary"]["bits"] == 32 and meta["binary"]["rotation"] == "none"
+    index = faiss.read_index_binary(str(tmp_path / "b" / "index.faiss"))
+    ids = faiss.vector_to_array(index.id_map)
+    flat = faiss.downcast_IndexBinary(index.index)
+    codes = faiss.vector_to_array(flat.xb).reshape(index.ntotal, 4)  # (N, 32 bits)
+    assert np.array_equal(codes[np.argsort(ids)], hamming.pack(vectors))
+
+
+def test_a_code_head_centres_its_outputs_at_test_on_the_training_mean() -> None:
+    from torch import nn
+
+    from pactl.model import EmbeddingNet, TrainingMean
+
+    net = EmbeddingNet(nn.Identity(), feat_dim=3, embedding_dim=8, pooling="avg", bits=8)
+    head = net.embedding[1]
+    assert isinstance(head, TrainingMean)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(9)) + 3.0
+    assert torch.equal(head(x), x)  # training: the loss sees the outputs as they are
+    assert torch.allclose(head.running_mean, 0.1 * x.mean(dim=0))
+    head(x)
+    expected = (1 - 0.9**2) * x.mean(dim=0)  # two steps of momentum 0.1 from 0
+    head.eval()
+    assert torch.allclose(head(x), x - expected, atol=1e-6)
+    assert "embedding.1.running_mean" in net.state_dict()  # kept in checkpoints
 
 
 @pytest.mark.parametrize(
