@@ -203,7 +203,7 @@ def train(
 
     \b
       pactl train digits                # about 11 s on 2 CPU cores
-      pactl train digits --bits 32      # 32-bit binary codes learned with the loss
+      pactl train digits --bits 32      # 32-bit binary codes, learned
       pactl train cars196               # the paper's recipe (float32), on the GPU
       pactl train my_photos/ --weights lite0.pth   # a state_dict file
       pactl train my_photos/ --time-budget 15m     # epochs fitted to 15 minutes
