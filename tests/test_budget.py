@@ -68,6 +68,43 @@ def test_stop_early_by_hand() -> None:
     assert budget.stop_early(900, 700, 220, 20)
 
 
+def test_durations_at_their_limits() -> None:
+    """Guards against a limit moved by one: half a second is a budget, a number too large for
+    a float (inf) is not, and the words change unit exactly at 90 s and at 1.5 h."""
+    assert budget.parse_duration("0.5s") == 0.5
+    with pytest.raises(UsageError, match="above 0"):
+        budget.parse_duration("9" * 400)
+    words = {s: budget.duration_words(s) for s in (89.4, 90, 5399, 5400, 7381)}
+    assert words == {89.4: "89 s", 90: "1.5 min", 5399: "90 min", 5400: "1.5 h", 7381: "2.1 h"}
+
+
+def test_plan_and_replan_at_their_boundaries() -> None:
+    """Guards against off-by-one fits and clamps: exactly one epoch's room fits, a sub-second
+    epoch is not rounded up to a second, under a second of room still holds short epochs,
+    no room fits nothing, and warm-up leaves exactly one epoch that trains everything."""
+    # 100 s left for 100 s epochs: one fits, and the plan keeps the estimate and the room
+    one = budget.plan(200, 80, 100, 20, 8, 4, 1)
+    assert (one.epochs, one.fits, one.epoch_seconds, one.available) == (1, True, 100, 100)
+    again = budget.replan(300, 180, 2, 100, 20, 8, 4, 1)
+    assert (again.epochs, again.fits, again.epoch_seconds, again.available) == (3, True, 100, 100)
+    # 10 s for epochs of 0.5 s: 20 of them; 0.8 s for epochs of 0.2 s: 4
+    assert budget.plan(30, 0, 0.5, 20, 8, 4, 0).epochs == 20
+    assert budget.plan(20.8, 0, 0.2, 20, 8, 4, 0).epochs == 4
+    # the budget already spent: nothing fits (the run trains one epoch anyway)
+    spent = budget.plan(100, 150, 10, 0, 8, 4, 0)
+    assert (spent.epochs, spent.fits) == (1, False)
+    # 3 epochs fitted, the recipe warms up for 5: 2 warm-up epochs, then 1 of everything
+    assert budget.plan(50, 0, 10, 20, 8, 4, 5).warmup_epochs == 2
+
+
+def test_stop_early_at_exactly_the_slack() -> None:
+    """Guards against `>=` for `>`: an epoch that would end exactly at the budget plus SLACK
+    (103 s of 100 s) is still run."""
+    assert 100 * (1 + budget.SLACK) == 103.0
+    assert not budget.stop_early(100, 50, 33, 20)
+    assert budget.stop_early(100, 50, 33.5, 20)
+
+
 def rows(run: Path) -> list[dict[str, str]]:
     with open(run / "metrics.csv", newline="") as f:
         return [{k: v for k, v in r.items() if k != "seconds"} for r in csv.DictReader(f)]

@@ -152,3 +152,73 @@ def test_serve_refuses_a_damaged_bundle_at_start(
     flip(bundle / "items.bin", section_offset(bundle / "items.bin", "path_bytes"))
     code, out, err = run_cli(["serve", str(bundle), "--port", "0"], monkeypatch, capsys)
     assert code == 1 and "items.bin is damaged" in one_error(err)
+
+
+def blake2b_of(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def test_file_digest_hashes_every_chunk_and_reports_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Guards against a digest of part of the file, or a file read whole (memory of its size)
+    with one progress step: 7-byte chunks over 50 bytes are 8 steps of at most 7 bytes."""
+    from pactl import checksums
+
+    data = bytes(np.random.default_rng(1).integers(0, 256, 50, dtype=np.uint8))
+    (tmp_path / "f").write_bytes(data)
+    monkeypatch.setattr(checksums, "CHUNK", 7)
+    steps: list[int] = []
+    assert checksums.file_digest(tmp_path / "f", steps.append) == blake2b_of(data)
+    assert steps == [7] * 7 + [1]
+    assert checksums.file_digest(tmp_path / "f") == blake2b_of(data)
+
+
+def test_record_hashes_new_files_and_carries_known_digests_over(tmp_path: Path) -> None:
+    """Guards against a carried-over digest being hashed again (a linked file's damage would
+    then be recorded as true) or a new file left unhashed: the known digest, deliberately not
+    the file's, is kept as given, the other file's is its blake2b."""
+    from pactl.checksums import record
+
+    gen = tmp_path / "gen-0003"
+    gen.mkdir()
+    (gen / "a.bin").write_bytes(b"alpha")
+    (gen / "b.bin").write_bytes(b"beta")
+    got = record(gen, ["b.bin", "a.bin"], known={"a.bin": "0" * 64})
+    assert got == {
+        "algorithm": "blake2b-256",
+        "generation": "gen-0003",
+        "files": {"a.bin": "0" * 64, "b.bin": blake2b_of(b"beta")},
+    }
+    assert record(gen, ["a.bin"])["files"] == {"a.bin": blake2b_of(b"alpha")}
+
+
+def test_recorded_ignores_a_record_of_another_algorithm_or_without_files() -> None:
+    """Guards against a record in another algorithm being compared with blake2b digests (every
+    file then reported damaged): it counts as none, as does one whose files are no mapping."""
+    from pactl.checksums import recorded
+
+    files = {"a.bin": "ab" * 32, "b.bin": 3}
+
+    def meta(**fields: object) -> dict:  # type: ignore[type-arg]
+        return {"generation": "g1", "checksums": {"generation": "g1", **fields}}
+
+    assert recorded(meta(algorithm="blake2b-256", files=files)) == {"a.bin": "ab" * 32}
+    assert recorded(meta(algorithm="sha256", files=files)) is None
+    assert recorded(meta(algorithm="blake2b-256", files=["a.bin"])) is None
+    assert recorded({"generation": "g2", "checksums": meta(files=files)["checksums"]}) is None
+
+
+def test_check_reports_every_byte_hashed_and_their_total(tmp_path: Path) -> None:
+    """Guards against a check that hashes without telling its progress, or miscounts the bytes
+    it names: the steps sum to the files' sizes, which Checked.size gives."""
+    from pactl.checksums import check
+
+    (tmp_path / "a").write_bytes(b"x" * 10)
+    (tmp_path / "b").write_bytes(b"y" * 3)
+    digests = {"b": blake2b_of(b"y" * 3), "a": blake2b_of(b"x" * 10)}
+    steps: list[int] = []
+    checked = check(tmp_path, digests, Path("shown"), "rebuild", steps.append)
+    assert sorted(steps) == [3, 10] and checked.size == 13 and checked.files == ("a", "b")
+    with pytest.raises(PactlError, match="shown/a is damaged.*: rebuild"):
+        check(tmp_path, {"a": blake2b_of(b"z")}, Path("shown"), "rebuild", steps.append)
