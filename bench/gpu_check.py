@@ -16,7 +16,11 @@ Steps, each printed as a markdown table row on stdout (progress on stderr):
 7. FAISS on the GPU (the `gpu` extra) against the CPU: build and search seconds of Flat, IVF
    with a flat quantiser and pactl's default IVF-HNSW on 200,000 vectors spread around the
    device-made ones, with each one's Recall@10 against exact search;
-8. torch.compile on CUDA: first-call (compile) seconds and ms per batch against eager, bf16.
+8. torch.compile on CUDA: first-call (compile) seconds and ms per batch against eager, bf16;
+9. binary codes (`train --bits`, `index --binary`): the two code losses on the device against the
+   CPU (equal values, device time), and exact Hamming top-10 of the signs of 200,000 device-made
+   vectors by FAISS's IndexBinaryFlat (and GpuIndexBinaryFlat with the `gpu` extra) against a
+   popcount brute force (pactl.hamming), ties broken by id.
 
     python bench/gpu_check.py --dry-run       # the CPU parts only, CUDA steps say "skipped"
 """
@@ -379,6 +383,66 @@ def compile_on_cuda(device: torch.device, quick: bool, repeats: int) -> None:
     )
 
 
+def codes_on_device(device: torch.device, quick: bool, repeats: int) -> None:
+    """The code losses of `train --bits` on the device against the CPU, then exact Hamming search
+    of the signs of vectors spread on the device, FAISS against the brute force."""
+    from pactl.hashing import build_code_loss
+
+    b, c, bits = (32, 100, 64) if quick else (180, 11318, 512)
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(b, bits, generator=gen), torch.randint(0, c, (b,), generator=gen)
+    for proxies in ("learned", "hadamard"):
+        torch.manual_seed(0)  # the learned proxies: the same draw on both sides
+        loss = build_code_loss(proxies, "proxy_anchor", c, bits, weight=0.1)
+        on_cpu = float(loss(x, y).detach())
+        moved = loss.to(device)
+        xd = x.to(device).requires_grad_()
+        on_device = float(moved(xd, y.to(device)).detach())
+
+        def step(moved: torch.nn.Module = moved, xd: torch.Tensor = xd) -> None:
+            moved(xd, y.to(device)).backward()
+
+        seconds = timed(step, device, repeats)
+        rel = abs(on_device - on_cpu) / abs(on_cpu)
+        row(
+            f"code loss {proxies} fwd+bwd B{b} C{c} {bits} bits",
+            f"{seconds * 1e3:.2f} ms",
+            f"{rel:.1e} rel. to CPU",
+            "ok" if rel < 1e-4 else "CHECK",
+        )
+    hamming_search(device, quick)
+
+
+def hamming_search(device: torch.device, quick: bool) -> None:
+    import faiss
+
+    from pactl import hamming
+    from pactl.index.build import faiss_gpus
+
+    n, bits = (20_000, 64) if quick else (200_000, 512)
+    seeds = torch.randn(256, bits, generator=torch.Generator().manual_seed(6))
+    made = spread(torch.nn.functional.normalize(seeds, dim=1).numpy(), n, device)
+    codes, queries = hamming.pack(made), made[:1000]
+    start = time.perf_counter()
+    truth, _ = hamming.neighbours(queries, made, 10)
+    brute = time.perf_counter() - start
+    kinds = [("CPU", faiss.IndexBinaryFlat(bits))]
+    if faiss_gpus("auto"):
+        kinds.append(("GPU", faiss.GpuIndexBinaryFlat(faiss.StandardGpuResources(), bits)))
+    for where, index in kinds:
+        index.add(codes)
+        start = time.perf_counter()
+        found, _ = index.search(codes[:1000], 10)
+        searched = time.perf_counter() - start
+        same = float(np.mean(found == truth))  # distances: ties may order ids differently
+        row(
+            f"exact Hamming top-10 on {where}, {n:,} x {bits} bits",
+            f"{searched * 1e3:.0f} ms for 1,000 queries",
+            f"brute force {brute * 1e3:.0f} ms, distances equal {same:.4f}",
+            "ok" if same == 1.0 else "CHECK",
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -411,6 +475,7 @@ def main() -> int:
         lambda: gpu_decode(device, args.quick, args.workers),
         lambda: faiss_gpu_vs_cpu(device, args.quick),
         lambda: compile_on_cuda(device, args.quick, args.repeats),
+        lambda: codes_on_device(device, args.quick, args.repeats),
     ]
     for number, step in enumerate(steps, 1):
         try:
