@@ -143,6 +143,12 @@ def test_hamming_neighbours_for_every_k_and_only_those(exclude_self: bool) -> No
     for k in (0, available + 1):
         with pytest.raises(ValueError, match="k must be in"):
             hamming.neighbours(gallery, gallery, k, exclude_self)
+    # a gallery large enough that numpy's partition does not leave it sorted by chance
+    large = rng.standard_normal((400, 12)).astype(np.float32)
+    want = popcount_neighbours(large[:10], large, False)
+    for k in (1, 2, 7):
+        _, indices = hamming.neighbours(large[:10], large, k)
+        assert indices.tolist() == [[j for _, j in p[:k]] for p in want], k
 
 
 # Four 4-bit codes: from item 0, item 1 is 1 bit away, item 3 two, item 2 four (the farthest).
