@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -266,3 +267,82 @@ def test_a_run_with_planted_noise_is_audited_on_the_labels_it_trained_with(
     }
     assert len(noisy) == 6 and all(audited[p] == label for p, label in noisy.items())
     assert "the 6 labels --label-noise changed, among the 15 training rows: AUROC" in err
+
+
+def test_the_thumbnail_of_a_step_matches_a_float64_blur_and_box_mean() -> None:
+    """A 64 x 64 step (black left, white right) is already 4 x SIDE: the thumbnail is the step
+    blurred by a Gaussian of 64/28 px, averaged over 4 x 4 blocks, its mean taken off."""
+    from PIL import Image
+    from scipy.ndimage import gaussian_filter1d
+
+    from pactl.thumbnails import SIDE, thumbnail
+
+    step = np.zeros((64, 64), dtype=np.uint8)
+    step[:, 32:] = 255
+    got = thumbnail(Image.fromarray(step)).reshape(SIDE, SIDE)
+    profile = gaussian_filter1d(step[0].astype(np.float64), 64 / 28, mode="nearest")
+    want = profile.reshape(SIDE, 4).mean(axis=1)
+    want -= want.mean()
+    assert np.abs(got - want[None, :]).max() < 3.0  # PIL's blur is three box passes
+    assert np.allclose(got, got[:1]) and np.allclose(got[0], -got[0, ::-1], atol=1.0)
+
+
+def test_whitening_weighs_each_axis_by_its_spread_by_hand() -> None:
+    """Thumbnails +-3 e1 and +-1 e2: spreads sqrt(4.5) and sqrt(0.5). The query 3 e1 + e2 is
+    whitened to (sqrt 2, sqrt 2): cosine 1/sqrt 2 to the first thumbnail, where raw cosine says
+    3/sqrt 10."""
+    from pactl.thumbnails import fit_whitening
+
+    thumbs = np.zeros((4, 5))
+    thumbs[:, 0] = [3, -3, 0, 0]
+    thumbs[:, 1] = [0, 0, 1, -1]
+    whiten = fit_whitening(thumbs, np.random.default_rng(0), dims=2)
+    assert sorted(whiten.spread.tolist()) == pytest.approx(
+        [np.sqrt(0.5) + 1e-3 * np.sqrt(4.5), np.sqrt(4.5) * 1.001]
+    )
+    got = whiten(np.array([[3.0, 1, 0, 0, 0], thumbs[0]]))
+    assert float(got[0] @ got[1]) == pytest.approx(1 / np.sqrt(2), abs=2e-3)
+    assert whiten(np.zeros((1, 5))).tolist() == [[0.0, 0.0]]  # unread: matches nothing
+
+
+def smooth_image(rng: np.random.Generator, side: int = 48) -> Any:
+    """A seeded picture of blobs: 6 x 6 random colours, smoothly enlarged."""
+    from PIL import Image
+
+    small = rng.integers(0, 256, size=(6, 6, 3)).astype(np.uint8)
+    return Image.fromarray(small).resize((side, side), Image.Resampling.BICUBIC)
+
+
+def test_resized_cropped_and_recompressed_copies_across_splits_are_found(tmp_path: Path) -> None:
+    """48 training pictures of 8 classes, 24 distinct test pictures; the test split also holds
+    a resized, a cropped and a JPEG copy of three training pictures (the last under another
+    label) and a distinct picture of a training class: at the calibrated threshold the three
+    copies are found, the class-mate is not, and nothing else is reported."""
+    from PIL import Image
+
+    from pactl.verbs.copies import find_copies
+
+    rng = np.random.default_rng(3)
+    rows: list[tuple[str, str, str]] = []
+    for i in range(72):
+        path = tmp_path / f"{i}.png"
+        smooth_image(rng).save(path)
+        rows.append((str(path), f"c{i // 6}", "train" if i < 48 else "test"))
+    original = [Image.open(rows[i][0]) for i in (0, 7, 14)]
+    original[0].resize((29, 29), Image.Resampling.BICUBIC).save(tmp_path / "resized.png")
+    original[1].crop((2, 1, 46, 45)).save(tmp_path / "cropped.png")
+    original[2].save(tmp_path / "jpeg.jpg", quality=40)
+    smooth_image(rng).save(tmp_path / "mate.png")
+    rows += [
+        (str(tmp_path / "resized.png"), "c0", "test"),
+        (str(tmp_path / "cropped.png"), "c1", "test"),
+        (str(tmp_path / "jpeg.jpg"), "c11", "test"),
+        (str(tmp_path / "mate.png"), "c0", "test"),
+    ]
+    paths, labels, splits = (list(x) for x in zip(*rows, strict=True))
+    data = labelled(np.eye(len(rows), 4, dtype=np.float32), labels, splits)
+    data.paths = paths
+    copies, threshold = find_copies(data, 5, None, 16, QUIET)
+    found = {(c.kind, c.row, c.other) for c in copies}
+    assert found == {("leak", 72, 0), ("leak", 73, 7), ("leak", 74, 14), ("conflict", 14, 74)}
+    assert "copies made of" in threshold.how  # calibrated, not given

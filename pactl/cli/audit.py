@@ -73,8 +73,9 @@ def audit(
             min=-1.0,
             max=1.0,
             metavar="COSINE",
-            help="Cosine at or above which two images are copies (default: calibrated on "
-            "copies the audit makes of the set's own images).",
+            help="Cosine of two images' thumbnail descriptors (16x16 grey, whitened on the "
+            "set) at or above which they are copies (default: calibrated on the set, precision "
+            "first).",
         ),
     ] = None,
     no_copies: Annotated[bool, typer.Option("--no-copies", help="Do not look for copies.")] = False,

@@ -32,7 +32,7 @@ class AuditConfig:
     score: str = "blend"  # one of SCORES
     centres: str = "means"  # one of CENTRES (means rank planted flips better: docs/audit.md)
     neighbours: int = doubt.NEIGHBOURS  # k nearest other items asked
-    copy_threshold: float | None = None  # cosine; None: calibrated on copies made of the set
+    copy_threshold: float | None = None  # thumbnail cosine; None: calibrated on the set
     copies: bool = True  # look for copies across splits and under two labels
     device: str = "auto"  # where a run's network embeds
     batch_size: int = 4096  # items scored at once
@@ -74,18 +74,17 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     if (target / "config.json").is_file():
         data = read_run(target, config.source, config.device, reporter, config.centres == "proxies")
     else:
-        needs = config.copies and config.copy_threshold is None  # copies to embed
-        data = read_bundle(target, config.source, reporter, needs)
+        data = read_bundle(target, config.source, reporter, network=False)
     centres, witness = choose_centres(data, config)
     reporter.log(f"auditing {counted(len(data), 'labelled item')} of {data.what}: {witness}")
     scores, found, sims = score_rows(data, centres, config, reporter)
-    copies, threshold = [], None
-    if config.copies:
-        threshold = copy_threshold(data, config, found, sims, reporter)
-        if threshold is not None:
-            from pactl.verbs.copies import copy_pairs
+    copies: list[Copy] = []
+    threshold: CopyThreshold | None = None
+    if config.copies:  # by the thumbnail descriptor, not the network's vectors
+        from pactl.verbs.copies import find_copies
 
-            copies = copy_pairs(data, found, sims, threshold.cosine)
+        k, given = config.neighbours, config.copy_threshold
+        copies, threshold = find_copies(data, k, given, config.batch_size, reporter)
     return AuditResult(data, scores, copies, threshold, witness, found, sims)
 
 
@@ -200,21 +199,6 @@ def score_batch(
         "suggested": instead.astype(np.int64),
         "outlier": 1.0 - np.fmax(top, np.where(valid[:, 0], sims[:, 0], -1.0)),
     }
-
-
-def copy_threshold(
-    data: Labelled, config: AuditConfig, found: np.ndarray, sims: np.ndarray, reporter: Reporter
-) -> CopyThreshold | None:
-    """--copy-threshold, else one calibrated on copies made of the set's images; None (said
-    once) where there is no network to embed copies with."""
-    from pactl.verbs.copies import calibrate_copies
-
-    if config.copy_threshold is not None:
-        return CopyThreshold(config.copy_threshold, f"{config.copy_threshold:.4f} cosine (given)")
-    if data.network is None:
-        reporter.log("copies: not looked for (no network to calibrate on; give --copy-threshold)")
-        return None
-    return calibrate_copies(data, found, sims, reporter=reporter)
 
 
 def chosen_rows(

@@ -1,14 +1,25 @@
 """Copies in a labelled set: a test image that is a copy of a training image (the classic
 benchmark leak) and copies that carry two labels.
 
-Pairs come from each item's nearest neighbours at or above a copy threshold. The threshold is
-calibrated on copies the audit makes itself of a sample of the set's own images, each resized,
-cropped, recompressed as JPEG, or all three (as a leaked image usually is), embedded by the
-network that made the vectors: the cosine that COPY_RECALL of those copies reach with their
-originals, raised (precision first) until at most COPY_APART of the set's items have a distinct
-item (of another split or label) that close. A metric network is trained to put a class's images
-together, so on small images of few details copies may sit no nearer than their class-mates:
-stderr then says which kinds of copies are still found at the threshold.
+Copies are found by the thumbnail descriptor (pactl.thumbnails), not by the network's embedding:
+a metric network puts a class's images together, and on small images it puts a resized copy no
+nearer to its original than the original's class-mates. Every audited image's descriptor goes
+into a FAISS index of its own (pactl.verbs.labelled.exact_neighbours), searched in batches for
+each row's nearest, and pairs at or above a cosine threshold are reported when they cross splits
+or carry two labels. The threshold is calibrated on the set itself, precision first:
+
+- recall: the cosine COPY_RECALL of the copies the audit makes of COPY_SAMPLE of the set's own
+  images (resized, cropped, recompressed as JPEG, or all three) reach with their originals;
+- precision: a pair within one split cannot be a leak across splits, so beyond the identical
+  ones the neighbour pairs within splits stand for the distinct images that look alike (a
+  planted or real leak is not among them); scaled by how many pairs cross splits against how
+  many lie within them, they estimate how many of the pairs reported across splits are false.
+  The threshold is the lowest cosine where that estimate is at most COPY_FALSE of the pairs
+  reported. Without splits, the pairs under two labels stand for both (then only identical
+  pictures are sure to be reported).
+
+The higher of the two is used (identical pictures are always reported), and stderr says which
+kinds of the copies made are found there.
 """
 
 from __future__ import annotations
@@ -20,21 +31,21 @@ from typing import Any
 
 import numpy as np
 
-from pactl.console import QUIET, Reporter
+from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.verbs.labelled import Labelled
+from pactl.verbs.labelled import Labelled, exact_neighbours
 
 COPY_SAMPLE = 256  # images copied to calibrate the threshold
 COPY_RECALL = 0.98  # share of those copies at or above it
-COPY_APART = 0.01  # most share of the set's items with a distinct item that close
+COPY_FALSE = 0.01  # most share of the reported pairs estimated false
+IDENTICAL = 0.9999  # a descriptor cosine only the same picture reaches: always a copy
 CHANGES = ("resize", "crop", "jpeg", "all")
 
 
 @dataclass(frozen=True)
 class CopyThreshold:
     cosine: float
-    how: str  # where it came from, in words
-    distinct: float | None = None  # share of sampled images whose nearest other item reaches it
+    how: str  # where it came from, in words, with the descriptor that found the pairs
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,17 @@ class Copy:
     other: int
     score: float
     kind: str  # leak (across splits) | conflict (two labels)
+
+
+@dataclass(frozen=True)
+class Looks:
+    """Every audited row's copy descriptor (unit rows, zero where unread) and its nearest
+    other rows by it (N, k: -1 and -inf where none)."""
+
+    describe: Any  # pactl.thumbnails.Whitening: thumbnails -> descriptors
+    descriptors: np.ndarray
+    found: np.ndarray
+    sims: np.ndarray
 
 
 def changed_copy(image: Any, change: str, rng: np.random.Generator) -> tuple[Any, str]:
@@ -88,76 +110,140 @@ def write_copies(paths: list[str], folder: Path, seed: int) -> tuple[list[Path],
     return files, kept
 
 
-def calibrate_copies(
-    data: Labelled, found: np.ndarray, sims: np.ndarray, seed: int = 0, reporter: Reporter = QUIET
-) -> CopyThreshold:
-    """The copy threshold: the cosine COPY_RECALL of the copies made of COPY_SAMPLE of the set's
-    images reach, raised where needed until at most COPY_APART of the set's items have an item
-    of another split or label that close among their neighbours `found` (N, k), `sims`: where a
-    network puts copies no nearer than distinct images, precision first."""
-    if data.network is None:
-        raise PactlError(
-            f"{data.what}: no network to embed copies with; give --copy-threshold COSINE"
-        )
-    rows, cosines, changes = copy_cosines(data, seed)
+def find_copies(
+    data: Labelled, k: int, given: float | None, batch_size: int, reporter: Reporter
+) -> tuple[list[Copy], CopyThreshold | None]:
+    """The leaks and conflicts among each row's `k` nearest by the thumbnail descriptor, at
+    the `given` cosine or one calibrated on the set (none: too few images read)."""
+    looks = look(data, k, batch_size, reporter)
+    if looks is None:
+        reporter.log("copies: not looked for (fewer than 2 of the images can be read)")
+        return [], None
+    if given is not None:
+        threshold = CopyThreshold(given, f"{given:.4f} cosine (given)")
+    else:
+        threshold = calibrate_copies(data, looks, seed=0)
+    reporter.log(
+        f"copies by {looks.describe.words()} (not the network's embedding): {threshold.how}"
+    )
+    return copy_pairs(data, looks.found, looks.sims, threshold.cosine), threshold
+
+
+def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks | None:
+    """Every row's descriptor, and its k nearest through a FAISS index of them, in batches
+    (None: fewer than 2 images read)."""
+    from pactl.thumbnails import fit_whitening, read_thumbnails
+
+    thumbs, read = read_thumbnails(data.paths, reporter)
+    if read.sum() < 2:
+        return None
+    if not read.all():
+        reporter.log(f"copies: {counted(int((~read).sum()), 'unreadable image')} left out")
+    describe = fit_whitening(thumbs[read], np.random.default_rng(0))
+    descriptors = np.zeros((len(data), len(describe.spread)), dtype=np.float32)
+    for start in range(0, len(data), batch_size):
+        descriptors[start : start + batch_size] = describe(thumbs[start : start + batch_size])
+    del thumbs
+    search = exact_neighbours(descriptors)
+    found = np.full((len(data), k), -1, dtype=np.int64)
+    sims = np.full((len(data), k), -np.inf, dtype=np.float32)
+    for start in range(0, len(data), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(data)))
+        found[rows], sims[rows] = search(rows, k)
+    blank = ~np.any(descriptors != 0, axis=1)  # unread or uniform: matches nothing
+    gone = (found < 0) | blank[np.maximum(found, 0)] | blank[:, None]
+    return Looks(describe, descriptors, np.where(gone, -1, found), np.where(gone, -np.inf, sims))
+
+
+def calibrate_copies(data: Labelled, looks: Looks, seed: int = 0) -> CopyThreshold:
+    """The copy threshold, precision first: the higher of the cosine COPY_RECALL of the copies
+    made of the set's images reach and the lowest at which the pairs estimated false are at
+    most COPY_FALSE of those reported (identical pictures always reported)."""
+    rows, cosines, changes = made_copy_cosines(data, looks, seed)
     reach = float(np.quantile(cosines, 1 - COPY_RECALL, method="lower"))
-    apart = nearest_apart(data, np.arange(len(data)), found, sims)
-    close = float(np.quantile(np.where(np.isfinite(apart), apart, -1.0), 1 - COPY_APART))
-    cosine = max(reach, close)
+    close, null = precise_cosine(data, looks.found, looks.sims)
+    cosine = min(max(reach, close), IDENTICAL)
     kept = ", ".join(f"{c} {np.mean(cosines[changes == c] >= cosine):.0%}" for c in CHANGES)
     how = (
         f"{cosine:.4f} cosine: {COPY_RECALL:.0%} of the copies made of {len(rows):,} of the set's "
-        f"own images reach {reach:.4f}; {COPY_APART:.0%} of its items have an item of another "
-        f"split or label at {close:.4f} or closer; copies found at {cosine:.4f}: {kept}"
+        f"own images reach {reach:.4f}; {null}; copies made found at {cosine:.4f}: {kept}"
     )
-    reporter.log(f"copies: {how}")
-    return CopyThreshold(cosine, how, float(np.mean(apart >= cosine)))
+    return CopyThreshold(cosine, how)
 
 
-def copy_cosines(data: Labelled, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, the cosine of each row's made copy to it, the change that made it)."""
-    from pactl.embed import embed_files
-    from pactl.runtime import resolve_device
+def made_copy_cosines(
+    data: Labelled, looks: Looks, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, the descriptor cosine of each row's made copy to it, the change that made it)."""
+    from pactl.thumbnails import read_thumbnails
 
-    model, network = data.network
     rng = np.random.default_rng(seed)
-    sample = np.sort(rng.choice(len(data), size=min(COPY_SAMPLE, len(data)), replace=False))
+    seen = np.flatnonzero(np.any(looks.descriptors != 0, axis=1))
+    sample = np.sort(rng.choice(seen, size=min(COPY_SAMPLE, len(seen)), replace=False))
     with tempfile.TemporaryDirectory(prefix="pactl-copies-") as tmp:
         files, kept = write_copies([data.paths[i] for i in sample.tolist()], Path(tmp), seed)
-        done = embed_files(model, files, network.config, resolve_device("cpu"), QUIET)
-    made = np.asarray(kept, dtype=np.int64)[done.rows]
+        thumbs, read = read_thumbnails(files)
+    made = np.asarray(kept, dtype=np.int64)[read]
     if len(made) < 2:
         raise PactlError(f"{data.what}: too few readable images to calibrate copies on")
     rows = sample[made]
-    cosines = np.einsum("ij,ij->i", done.vectors, data.vectors(rows))
+    cosines = np.einsum("ij,ij->i", looks.describe(thumbs[read]), looks.descriptors[rows])
     return rows, cosines, np.array([CHANGES[i % len(CHANGES)] for i in made.tolist()])
 
 
-def nearest_apart(
-    data: Labelled, rows: np.ndarray, found: np.ndarray, sims: np.ndarray
-) -> np.ndarray:
-    """(B,) the cosine of each row's nearest item of another split or another label among its
-    neighbours `found` (B, k), `sims` (-inf: none there)."""
-    other = np.maximum(found, 0)
-    splits = np.asarray(data.splits, dtype=object)
-    apart = (data.codes[other] != data.codes[rows][:, None]) | (
-        splits[other] != splits[rows][:, None]
+def precise_cosine(data: Labelled, found: np.ndarray, sims: np.ndarray) -> tuple[float, str]:
+    """The lowest cosine at which the pairs within one split (less the identical), scaled to the
+    pairs across splits, are at most COPY_FALSE of the pairs across splits, among the neighbours
+    `found` (N, k), `sims`; with one split, the pairs under two labels stand for both. And the
+    words for it."""
+    low, high, score = neighbour_pairs(found, sims)
+    _, split = np.unique(np.asarray(data.splits, dtype=object), return_inverse=True)
+    two = data.codes[low] != data.codes[high]
+    across, possible = split[low] != split[high], possible_pairs(split)
+    several = possible[0] > 0
+    null = np.sort(score[~across & (score < IDENTICAL)] if several else score[two])
+    reported = np.sort(score[across] if several else score[two])
+    if not len(null):
+        return -1.0, "no neighbour pairs within a split to estimate false pairs by"
+    scale = possible[0] / possible[1] if several and possible[1] else 1.0
+    candidates = np.unique(np.r_[reported, np.nextafter(null[-1], np.inf)])
+    false = scale * (len(null) - np.searchsorted(null, candidates, side="left"))
+    shown = len(reported) - np.searchsorted(reported, candidates, side="left")
+    cosine = float(candidates[np.flatnonzero(false <= COPY_FALSE * shown)[0]])
+    return cosine, (
+        f"{counted(len(null), 'neighbour pair')} within {'a split' if several else 'two labels'}, "
+        "not identical "
+        f"(x{scale:.2f} for the pairs across splits), estimate at most {COPY_FALSE:.0%} of the "
+        f"pairs reported false from {cosine:.4f} up"
     )
-    return np.where((found >= 0) & apart, sims, -np.inf).max(axis=1)
+
+
+def neighbour_pairs(found: np.ndarray, sims: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(low row, high row, cosine) of each pair among the neighbours, once."""
+    rows = np.repeat(np.arange(len(found)), found.shape[1])
+    other, score = found.ravel(), sims.ravel()
+    keep = other >= 0
+    pair = np.stack([np.minimum(rows, other)[keep], np.maximum(rows, other)[keep]], axis=1)
+    pair, first = np.unique(pair, axis=0, return_index=True)
+    return pair[:, 0], pair[:, 1], score[keep][first]
+
+
+def possible_pairs(split: np.ndarray) -> tuple[int, int]:
+    """How many pairs of rows cross splits, and how many share a split."""
+    n = len(split)
+    per_split = np.bincount(split).astype(np.int64)
+    one_split = int((per_split * (per_split - 1)).sum() // 2)
+    return n * (n - 1) // 2 - one_split, one_split
 
 
 def copy_pairs(data: Labelled, found: np.ndarray, sims: np.ndarray, threshold: float) -> list[Copy]:
     """The leaks and the conflicts among each row's neighbours `found` (N, k) at or above
     `threshold`, each pair once, highest cosine first."""
-    rows = np.repeat(np.arange(len(found)), found.shape[1])
-    other, score = found.ravel(), sims.ravel()
-    keep = (other >= 0) & (score >= threshold)
-    low, high = np.minimum(rows, other)[keep], np.maximum(rows, other)[keep]
-    pair, first = np.unique(np.stack([low, high], axis=1), axis=0, return_index=True)
-    pairs = zip(pair[:, 0].tolist(), pair[:, 1].tolist(), score[keep][first].tolist(), strict=True)
+    low, high, score = neighbour_pairs(found, sims)
+    keep = score >= threshold
     copies = []
     splits = data.splits
-    for a, b, s in pairs:
+    for a, b, s in zip(low[keep].tolist(), high[keep].tolist(), score[keep].tolist(), strict=True):
         if splits[a] and splits[b] and splits[a] != splits[b]:
             first, second = (b, a) if splits[a] == "train" else (a, b)
             copies.append(Copy(first, second, s, "leak"))
