@@ -34,6 +34,7 @@ Run from the repository root (heavy: `flock /tmp/pactl-heavy.lock nice -n 5 ...`
   python -m bench.bench_binary                          # 1,000,000 x 512
   python -m bench.bench_binary --quick                  # 100,000 x 128, a smoke test
   python -m bench.bench_binary --sets fonts,fashion     # the real sets (trains 4 networks)
+  python -m bench.bench_binary --sets fonts28 --float-run RUN --bits-run RUN   # runs of yours
   python -m bench.bench_binary --scale --n 10000000 --workdir /tmp/pactl-scale
 Results (markdown) go to stdout, progress to stderr.
 """
@@ -516,7 +517,10 @@ def test_vectors(name: str, extra: list[str], args: argparse.Namespace, work: Pa
 
     run = f"{name}-{'-'.join(e.strip('-') for e in extra) or 'float'}"
     best = work / "runs" / run / "best.pt"
-    if not best.is_file():
+    given = args.bits_run if extra else args.float_run
+    if given is not None:  # a run trained elsewhere (bench_codes.py's, say)
+        run, best = f"{name}-{given.name}", given / "best.pt"
+    elif not best.is_file():
         weights = str(args.root / "lite0.pth")
         pactl_run(
             ["train", str(args.root / name), "--weights", weights, "--name", run, *extra], work
@@ -626,6 +630,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", type=Path, default=None, help="Recall@1 against bytes (.png)")
     p.add_argument("--sets", default=None, help="real sets instead: fonts,fashion")
     p.add_argument("--root", type=Path, default=Path("/tmp/pactl-real"))
+    p.add_argument("--float-run", type=Path, default=None, help="with one set: its float run")
+    p.add_argument("--bits-run", type=Path, default=None, help="with one set: its --bits 64 run")
     p.add_argument("--scale", action="store_true", help="the scale run (binary and float default)")
     p.add_argument("--keep", action="store_true", help="keep the scale run's data")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
