@@ -346,3 +346,25 @@ def test_resized_cropped_and_recompressed_copies_across_splits_are_found(tmp_pat
     found = {(c.kind, c.row, c.other) for c in copies}
     assert found == {("leak", 72, 0), ("leak", 73, 7), ("leak", 74, 14), ("conflict", 14, 74)}
     assert "copies made of" in threshold.how  # calibrated, not given
+
+
+def test_the_precise_cosine_counts_pairs_within_splits_as_the_false_ones_by_hand(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows 0-3 train, 4-7 test: 16 pairs cross splits, 12 lie within them (x4/3). Within:
+    (0, 1) at 0.9, (4, 5) at 0.5 and the identical (2, 3), set aside; across: 0.99, 0.95, 0.7.
+    At 1% false, no pair within a split may reach the threshold: just above 0.9. At 50%, 0.7
+    holds: 4/3 x 1 pair within at or above it against 0.5 x 3 pairs across."""
+    from pactl.verbs import copies
+
+    found = np.array([[1, 4], [5, 0], [6, 3], [2, -1], [0, 5], [4, 1], [2, -1], [-1, -1]])
+    sims = np.array(
+        [[0.9, 0.99], [0.95, 0.9], [0.7, 1.0], [1.0, -np.inf], [0.99, 0.5], [0.5, 0.95],
+         [0.7, -np.inf], [-np.inf, -np.inf]],
+        dtype=np.float32,
+    )  # fmt: skip
+    data = labelled(np.eye(8, 4, dtype=np.float32), list("aabbccdd"), ["train"] * 4 + ["test"] * 4)
+    cosine, words = copies.precise_cosine(data, found, sims)
+    assert cosine == np.nextafter(np.float32(0.9), np.float32(np.inf)) and "x1.33" in words
+    monkeypatch.setattr(copies, "COPY_FALSE", 0.5)
+    assert copies.precise_cosine(data, found, sims)[0] == pytest.approx(0.7)
