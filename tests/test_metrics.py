@@ -224,3 +224,121 @@ def test_nmi_is_one_on_separated_clusters_and_low_on_random_labels() -> None:
     assert evaluate(x, labels, [1], with_nmi=True)["nmi"] == pytest.approx(1.0, abs=1e-9)
     shuffled = rng.permutation(labels)
     assert nmi(x, shuffled) < 0.15
+
+
+# --- limits, ties and the sweep's own record ---------------------------------------------
+
+
+def test_each_refusal_names_the_argument_at_fault() -> None:
+    """Guards against a message naming the wrong input (or none): each bad argument of knn and
+    nmi is named in its refusal."""
+    x = unit(np.random.default_rng(10).standard_normal((6, 4)))
+    ids = np.arange(6)
+    cases = [
+        (lambda: knn(x[0], x, k=1), "queries must be"),
+        (lambda: knn(x, x[0], k=1), "gallery must be"),
+        (lambda: knn(x, x, k=1, query_ids=ids[:5], gallery_ids=ids), "query_ids must be"),
+        (lambda: knn(x, x, k=1, query_ids=ids, gallery_ids=ids[:5]), "gallery_ids must be"),
+        (lambda: nmi(x[0], ids), "vectors must be"),
+        (lambda: nmi(x, ids[:5]), "labels must be"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_knn_at_its_limits() -> None:
+    """Guards against limits moved by one: k may be the whole gallery (less the query with
+    ids), a batch may be one query, and a batch of 0 is refused."""
+    rng = np.random.default_rng(11)
+    x = unit(rng.standard_normal((7, 5)))
+    ids = np.arange(7)
+    _, everything = knn(x, x, k=7, batch_size=1)
+    np.testing.assert_array_equal(everything, brute_force_order(x, x, self_match=False))
+    _, others = knn(x, x, k=6, query_ids=ids, gallery_ids=ids)
+    np.testing.assert_array_equal(others, brute_force_order(x, x, self_match=True)[:, :6])
+    with pytest.raises(ValueError, match="batch_size"):
+        knn(x, x, k=1, batch_size=0)
+
+
+def test_knn_drops_only_the_queries_own_ids() -> None:
+    """Guards against one query's own id dropping a neighbour of every query in its batch:
+    half the queries have ids the gallery lacks, and they keep their true first neighbour."""
+    rng = np.random.default_rng(12)
+    x = unit(rng.standard_normal((40, 6)))
+    query_ids = np.where(np.arange(40) % 2 == 0, np.arange(40), np.arange(40) + 1000)
+    _, got = knn(x, x, k=4, query_ids=query_ids, gallery_ids=np.arange(40))
+    sim = x.astype(np.float64) @ x.T.astype(np.float64)
+    for i in range(0, 40, 2):  # the even queries' own items are left out, no other
+        sim[i, i] = -np.inf
+    np.testing.assert_array_equal(got, np.argsort(-sim, axis=1, kind="stable")[:, :4])
+    assert (got[1::2, 0] == np.arange(1, 40, 2)).all()  # odd queries find themselves first
+
+
+def test_table_metrics_refuse_labels_of_another_length() -> None:
+    """Guards against query labels of the wrong length being broadcast against the table."""
+    with pytest.raises(ValueError, match="must be \\(Q, K\\)"):
+        recall_at_k(np.zeros((3, 2), dtype=np.int64), np.zeros(4, dtype=np.int64), [1])
+
+
+def test_nmi_limits_and_its_seed() -> None:
+    """Guards against 2 classes or one point per class refused, and a clustering that does
+    not follow the seed given: the same seed repeats, on data where seeds disagree."""
+    rng = np.random.default_rng(13)
+    x, labels = clustered(rng, n=60, classes=2, dim=4, noise=0.05)
+    assert nmi(x, labels) == pytest.approx(1.0)
+    x4 = unit(rng.standard_normal((4, 3)))
+    assert nmi(x4, np.arange(4)) == pytest.approx(1.0)
+    codes = unit(rng.standard_normal((40, 8)))
+    random_labels = rng.integers(0, 4, 40)
+    by_seed = [nmi(codes, random_labels, seed) for seed in (0, 1, 2)]
+    assert len(set(by_seed)) > 1  # the seed matters here
+    assert [nmi(codes, random_labels, seed) for seed in (0, 1, 2)] == by_seed
+
+
+def test_kmeans_plusplus_draws_in_proportion_to_squared_distance() -> None:
+    """Guards against a wrong distance or a draw that can never reach the last point: on
+    three points at 0, 1 and 3, the first centre is uniform and the second is drawn with
+    probability d^2 / sum d^2 (e.g. after 1: 1/5 for 0, 4/5 for 3), over 6,000 seeded draws."""
+    from pactl.metrics import _kmeans_plusplus
+
+    x = np.array([[0.0], [1.0], [3.0]], dtype=np.float32)
+    counts = np.zeros((3, 3))
+    for seed in range(6000):
+        first, second = _kmeans_plusplus(x, 2, np.random.default_rng(seed))[:, 0]
+        counts[[0.0, 1.0, 3.0].index(first), [0.0, 1.0, 3.0].index(second)] += 1
+    expected = np.array([[0, 1, 9], [1, 0, 4], [9, 4, 0]], dtype=np.float64)
+    expected /= 3 * expected.sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(counts / 6000, expected, atol=0.02)
+
+
+def test_block_size_and_threads_change_no_number_even_at_exact_ties() -> None:
+    """Guards against a tie between a query's best same-class score and an other-class one
+    counted one way in a query's first block and the other way in the rest: coordinates of
+    0, 0.5 and 1 make the products exact, and every query has such a tie."""
+    x = np.array([[1, 0], [0.5, 0.5], [0.5, 0.5], [0, 1], [1, 0], [0, 1]], dtype=np.float32)
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    one_block = evaluate(x, labels, [1, 2], block_size=1024, threads=1)
+    for block, threads in [(1, 1), (1, 2), (2, 1), (4, 2)]:
+        assert evaluate(x, labels, [1, 2], block_size=block, threads=threads) == one_block
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 1024])
+def test_the_sweep_gathers_each_querys_best_other_class_scores(block: int) -> None:
+    """Guards against the sweep missing other-class scores (a bar set too high when reading a
+    block down its columns): its record, for each query, of how many other-class items beat
+    its best same-class one and of its R best other-class scores, is the brute force's."""
+    from pactl.metrics import _positives, _Sweep
+
+    rng = np.random.default_rng(14)
+    x, labels = clustered(rng, n=60, classes=6, dim=4, noise=1.5)
+    width = max(int(np.sum(labels == y)) - 1 for y in labels)
+    sim = x.astype(np.float64) @ x.T.astype(np.float64)
+    other = np.where(labels[:, None] != labels[None, :], sim, -np.inf)
+    same = np.where(labels[:, None] == labels[None, :], sim, -np.inf)
+    np.fill_diagonal(same, -np.inf)
+    positives, pairs = _positives(x, labels, x, labels, True, width)
+    best = positives[:, 0].astype(np.float32)
+    above, negatives = _Sweep(x, x, best, pairs, True, width, block).run(2, None)
+    np.testing.assert_allclose(negatives, -np.sort(-other, axis=1)[:, :width], atol=1e-6)
+    np.testing.assert_array_equal(above, (other > same.max(axis=1)[:, None]).sum(axis=1))
