@@ -74,7 +74,7 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     if (target / "config.json").is_file():
         data = read_run(target, config.source, config.device, reporter, config.centres == "proxies")
     else:
-        data = read_bundle(target, config.source, reporter, network=False)
+        data = read_bundle(target, config.source, reporter)
     centres, witness = choose_centres(data, config)
     reporter.log(f"auditing {counted(len(data), 'labelled item')} of {data.what}: {witness}")
     scores, found, sims = score_rows(data, centres, config, reporter)

@@ -43,7 +43,6 @@ class Labelled:
     vectors: Callable[[np.ndarray], np.ndarray]  # rows -> (B, D) float32 unit rows
     neighbours: Neighbours
     proxies: doubt.Centres | None  # the network's proxies, by label code
-    network: Any = None  # (model, pactl.checkpoint.Network) that embeds copies; None: none
     planted: np.ndarray | None = None  # (N,) bool: labels a run's --label-noise changed
     what: str = ""  # the run or bundle, for messages
 
@@ -114,7 +113,7 @@ def read_run(
 ) -> Labelled:
     """A run's data (or `source`) embedded by its network, with its labels and proxies (which
     `proxies` requires: refused before any image is read where the run has none)."""
-    from pactl.checkpoint import Network, fingerprint, load_model
+    from pactl.checkpoint import load_model
     from pactl.datasets import load_source
     from pactl.embed import embed_files
     from pactl.runs import resumed_configs
@@ -139,7 +138,6 @@ def read_run(
         names, planted = trained_labels(run, [manifest.paths[i] for i in rows.tolist()], names)
     codes, by_code = encode(names)
     vectors = done.vectors
-    network = (model, Network(model_cfg, fingerprint(payload["model"]), str(path.resolve())))
     return Labelled(
         paths=[os.path.abspath(manifest.root / manifest.paths[i]) for i in rows.tolist()],
         codes=codes,
@@ -148,7 +146,6 @@ def read_run(
         vectors=lambda r: vectors[r],
         neighbours=exact_neighbours(vectors),
         proxies=proxies_of(payload, by_code),
-        network=network,
         planted=planted,
         what=str(run),
     )
@@ -167,11 +164,8 @@ def trained_labels(
     return [noisy.get(p, n) for p, n in zip(paths, names, strict=True)], changed
 
 
-def read_bundle(
-    folder: Path, source: str | None, reporter: Reporter, network: bool = True
-) -> Labelled:
-    """A bundle's live items, vectors and index; labels from its items or from `source`; the
-    network that made its vectors where `network` (copies are looked for) and it opens."""
+def read_bundle(folder: Path, source: str | None, reporter: Reporter) -> Labelled:
+    """A bundle's live items, vectors and index; labels from its items or from `source`."""
     from pactl.index import load_bundle
     from pactl.index.dedup import BundleSearcher
 
@@ -210,7 +204,6 @@ def read_bundle(
         vectors=lambda r: reader.vectors(rows[r]),
         neighbours=neighbours,
         proxies=None,
-        network=bundle_network(bundle.meta, reporter) if network else None,
         what=str(folder),
     )
 
@@ -241,15 +234,3 @@ def labels_from(
         )
     at = [given[paths[r]] for r in rows.tolist()]
     return [manifest.class_names[i] for i in at], [manifest.splits[i] for i in at], rows
-
-
-def bundle_network(meta: dict[str, Any], reporter: Reporter) -> Any:
-    """The network that made a bundle's vectors, to embed copies with; None when it cannot be
-    opened (said once)."""
-    from pactl.checkpoint import network_of
-
-    try:
-        return network_of(meta)
-    except (PactlError, OSError, KeyError) as e:
-        reporter.log(f"copies: the bundle's network cannot be opened ({e}); give --copy-threshold")
-        return None
