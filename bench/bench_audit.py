@@ -4,6 +4,7 @@ audit of 1,000,000 items through a bundle's FAISS index.
     python bench/bench_audit.py labels RUN [RUN ...]
     python bench/bench_audit.py copies RUN --set /tmp/pactl-real/fonts28 --work /tmp/copies
     python bench/bench_audit.py scale --work /tmp/audit-1m [--n 1000000 --dim 512]
+    python bench/bench_audit.py copies-scale --set /tmp/pactl-real/fashion [--n 1000000]
 
 labels: each RUN trained with --label-noise (noise.csv lists the changed rows) is audited on the
 labels it trained with; among its training rows, every score's ranking of the changed labels:
@@ -24,6 +25,9 @@ retrain: each RUN's K most doubted training rows (K: as many as its noise change
 PRISM's drop share is set to; `pactl audit --drop-top K`) left out of a manifest (audit
 --write-manifest's, the test rows all kept) and the run's recipe trained on it again: its last
 Recall@1 beside the noisy run's.
+
+copies-scale: the copy search at --n items: thumbnails read per second from --set's images, and
+--n random unit descriptors indexed by FAISS and searched in batches (wall time, peak memory).
 
 scale: --n unit vectors of bench_index's clustered mixture (n/50 classes) with 10% of the labels
 moved to another class, a bundle built by `pactl index` (its default index), then `pactl audit
@@ -267,6 +271,42 @@ def copies_mode(
     print(f"audit wall time: {seconds:.1f} s")
 
 
+def copies_scale_mode(source: str, n: int, seed: int) -> None:
+    """The copy search's two costs at n items: thumbnails read per second from the set's images,
+    and a FAISS index of n unit descriptors searched in batches for each one's 10 nearest."""
+    import resource
+
+    from pactl.console import QUIET
+    from pactl.datasets import load_source
+    from pactl.thumbnails import DIMS, read_thumbnails
+    from pactl.verbs.copies import neighbour_pairs
+
+    files = load_source(source, QUIET).files()[:3000]
+    began = time.perf_counter()
+    read_thumbnails(files)
+    rate = len(files) / (time.perf_counter() - began)
+    print(f"thumbnails: {rate:,.0f} images/s on {len(files):,} of {source} (one core)")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, DIMS), dtype=np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    began = time.perf_counter()
+    search = exact_neighbours(x)
+    built = time.perf_counter() - began
+    found = np.empty((n, 10), dtype=np.int64)
+    sims = np.empty((n, 10), dtype=np.float32)
+    for start in range(0, n, 4096):
+        rows = np.arange(start, min(start + 4096, n))
+        found[rows], sims[rows] = search(rows, 10)
+    searched = time.perf_counter() - began - built
+    pairs = len(neighbour_pairs(found, sims)[0])
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(
+        f"{n:,} descriptors of {DIMS} floats: index built in {built:.1f} s, searched in "
+        f"{searched:.1f} s ({pairs:,} neighbour pairs); peak memory {peak:.2f} GiB; thumbnails "
+        f"of {n:,} images at the rate above: {n / rate / 60:.1f} min"
+    )
+
+
 def scale_mode(work: Path, n: int, dim: int, seed: int) -> None:
     from bench.bench_index import Mixture
 
@@ -327,7 +367,7 @@ def report_scale(stderr: str, work: Path, moved: np.ndarray) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("labels", "copies", "scale", "retrain"))
+    p.add_argument("mode", choices=("labels", "copies", "copies-scale", "scale", "retrain"))
     p.add_argument("runs", nargs="*", type=Path)
     p.add_argument("--set", dest="source", default="/tmp/pactl-real/fonts28")
     p.add_argument("--work", type=Path, default=Path("/tmp/pactl-audit-bench"))
@@ -346,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         copies_mode(
             args.runs[0], args.source, args.work, args.copies, args.seed, args.copy_threshold
         )
+    elif args.mode == "copies-scale":
+        copies_scale_mode(args.source, args.n, args.seed)
     else:
         scale_mode(args.work, args.n, args.dim, args.seed)
     return 0

@@ -44,9 +44,9 @@ def thumbnail(image: Any) -> np.ndarray:
 def read_thumbnails(
     paths: Sequence[str | Path], reporter: Reporter = QUIET
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(N, SIDE * SIDE) float32 thumbnails of the images at `paths` (zeros where unreadable),
-    and (N,) bool: which were read."""
-    thumbs = np.zeros((len(paths), SIDE * SIDE), dtype=np.float32)
+    """(N, SIDE * SIDE) float16 thumbnails of the images at `paths` (zeros where unreadable;
+    half precision keeps 1,000,000 of them in 0.5 GiB), and (N,) bool: which were read."""
+    thumbs = np.zeros((len(paths), SIDE * SIDE), dtype=np.float16)
     read = np.zeros(len(paths), dtype=bool)
     with reporter.bar("reading thumbnails", total=len(paths)) as advance:
         for i, path in enumerate(paths):
