@@ -342,3 +342,31 @@ def test_the_sweep_gathers_each_querys_best_other_class_scores(block: int) -> No
     above, negatives = _Sweep(x, x, best, pairs, True, width, block).run(2, None)
     np.testing.assert_allclose(negatives, -np.sort(-other, axis=1)[:, :width], atol=1e-6)
     np.testing.assert_array_equal(above, (other > same.max(axis=1)[:, None]).sum(axis=1))
+
+
+def lloyd_nmi(x: np.ndarray, labels: np.ndarray, seed: int, iterations: int) -> float:
+    """NMI of k-means from pactl's k-means++ seeding, then Lloyd's iterations in float64
+    over every point (assign to the nearest centre, move each centre to its points' mean)."""
+    from sklearn.metrics import normalized_mutual_info_score
+
+    from pactl.metrics import _kmeans_plusplus
+
+    classes = np.unique(labels).size
+    centres = _kmeans_plusplus(x, classes, np.random.default_rng(seed)).astype(np.float64)
+    points = x.astype(np.float64)
+    for _ in range(iterations + 1):
+        nearest = ((points[:, None, :] - centres[None]) ** 2).sum(axis=2).argmin(axis=1)
+        centres = np.stack([points[nearest == c].mean(axis=0) for c in range(classes)])
+    return float(normalized_mutual_info_score(labels, nearest))
+
+
+def test_nmi_is_20_lloyd_iterations_on_every_point() -> None:
+    """Guards against k-means run for another number of iterations, on a subsample of the
+    points (FAISS's default above 256 a centre), or with another default seed than 0: 3,000
+    uniform points in 10 classes are far from settled after 20 iterations, so each of those
+    changes the clustering."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 3000)
+    x = rng.random((3000, 2)).astype(np.float32)
+    assert nmi(x, labels) == pytest.approx(lloyd_nmi(x, labels, 0, 20), abs=1e-12)
+    assert lloyd_nmi(x, labels, 0, 21) != pytest.approx(lloyd_nmi(x, labels, 0, 20), abs=1e-6)
