@@ -241,6 +241,13 @@ def test_each_refusal_names_the_argument_at_fault() -> None:
         (lambda: knn(x, x, k=1, query_ids=ids, gallery_ids=ids[:5]), "gallery_ids must be"),
         (lambda: nmi(x[0], ids), "vectors must be"),
         (lambda: nmi(x, ids[:5]), "labels must be"),
+        (lambda: knn(x[:0], x, k=1), "queries must be a non-empty"),
+        (lambda: evaluate(x[0], ids, [1]), "^vectors must be"),
+        (lambda: evaluate(x, ids[:5], [1]), "^labels must be"),
+        (lambda: evaluate(x, ids, [1], x[:, :0], ids), "^gallery_vectors must be"),
+        (lambda: evaluate(x, ids, [1], x, ids[:5]), "^gallery_labels must be"),
+        (lambda: evaluate(x, ids % 2, [1], block_size=0), "block_size and threads"),
+        (lambda: evaluate(x, ids % 2, [1], threads=0), "block_size and threads"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -259,6 +266,10 @@ def test_knn_at_its_limits() -> None:
     np.testing.assert_array_equal(others, brute_force_order(x, x, self_match=True)[:, :6])
     with pytest.raises(ValueError, match="batch_size"):
         knn(x, x, k=1, batch_size=0)
+    _, alone = knn(x[:1], x, k=2)  # one query
+    np.testing.assert_array_equal(alone, brute_force_order(x[:1], x, self_match=False)[:, :2])
+    line = np.array([[0.5], [-1.0], [2.0]], dtype=np.float32)  # one dimension
+    np.testing.assert_array_equal(knn(line, line, k=1)[1], [[2], [1], [2]])
 
 
 def test_knn_drops_only_the_queries_own_ids() -> None:
@@ -313,14 +324,27 @@ def test_kmeans_plusplus_draws_in_proportion_to_squared_distance() -> None:
 
 
 def test_block_size_and_threads_change_no_number_even_at_exact_ties() -> None:
-    """Guards against a tie between a query's best same-class score and an other-class one
-    counted one way in a query's first block and the other way in the rest: coordinates of
-    0, 0.5 and 1 make the products exact, and every query has such a tie."""
+    """Guards against a tie between a same-class score and an other-class one counted one way
+    in a query's first block and the other way in the rest, or one way by Recall@k and the
+    other by MAP@R: coordinates of 0, 0.5 and 1 make the products exact, and level scores
+    rank the same-class item first (ranking the other first would change every number)."""
     x = np.array([[1, 0], [0.5, 0.5], [0.5, 0.5], [0, 1], [1, 0], [0, 1]], dtype=np.float32)
     labels = np.array([0, 0, 1, 1, 2, 2])
-    one_block = evaluate(x, labels, [1, 2], block_size=1024, threads=1)
-    for block, threads in [(1, 1), (1, 2), (2, 1), (4, 2)]:
-        assert evaluate(x, labels, [1, 2], block_size=block, threads=threads) == one_block
+    sim = x.astype(np.float64) @ x.T.astype(np.float64)
+    r = np.array([np.sum(labels == y) - 1 for y in labels])
+
+    def ranked(other_first: bool) -> dict[str, float]:
+        other = (labels[None, :] != labels[:, None]) != other_first
+        order = [
+            sorted((j for j in range(6) if j != i), key=lambda j: (-sim[i, j], other[i, j]))
+            for i in range(6)
+        ]
+        return reference_metrics(labels[np.array(order)], labels, r, [1, 2])
+
+    assert ranked(other_first=True) != ranked(other_first=False)  # the ties decide
+    for block, threads in [(1024, 1), (1, 1), (1, 2), (2, 1), (4, 2)]:
+        got = evaluate(x, labels, [1, 2], block_size=block, threads=threads)
+        assert got == pytest.approx(ranked(other_first=False), abs=1e-12), (block, threads)
 
 
 @pytest.mark.parametrize("block", [1, 2, 7, 1024])
@@ -370,3 +394,29 @@ def test_nmi_is_20_lloyd_iterations_on_every_point() -> None:
     x = rng.random((3000, 2)).astype(np.float32)
     assert nmi(x, labels) == pytest.approx(lloyd_nmi(x, labels, 0, 20), abs=1e-12)
     assert lloyd_nmi(x, labels, 0, 21) != pytest.approx(lloyd_nmi(x, labels, 0, 20), abs=1e-6)
+
+
+def test_evaluate_passes_its_seed_and_reports_progress() -> None:
+    """Guards against evaluate's NMI ignoring the seed given (or defaulting to another than
+    0), and progress never reported: the progress steps add up to the queries."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 10, 3000)
+    x = rng.random((3000, 2)).astype(np.float32)
+    steps: list[int] = []
+    got = evaluate(x, labels, [1], with_nmi=True, progress=steps.append, block_size=700)
+    assert got["nmi"] == nmi(x, labels, 0) and sum(steps) == 3000 and len(steps) == 5
+    assert evaluate(x, labels, [1], with_nmi=True, seed=3)["nmi"] == nmi(x, labels, 3)
+    assert nmi(x, labels, 3) != nmi(x, labels, 0)
+
+
+def test_float64_vectors_give_the_float32_numbers() -> None:
+    """Guards against float64 input being used as it comes (the products then differ from
+    the float32 ones every other path computes): knn, evaluate and nmi cast it first."""
+    rng = np.random.default_rng(15)
+    x, labels = clustered(rng, n=90, classes=6, dim=5, noise=1.0)
+    wide = x.astype(np.float64)
+    for a, b in zip(knn(wide, wide, k=4), knn(x, x, k=4), strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert evaluate(wide, labels, [1, 4], with_nmi=True) == evaluate(
+        x, labels, [1, 4], with_nmi=True
+    )
