@@ -347,15 +347,18 @@ def test_block_size_and_threads_change_no_number_even_at_exact_ties() -> None:
         assert got == pytest.approx(ranked(other_first=False), abs=1e-12), (block, threads)
 
 
-@pytest.mark.parametrize("block", [1, 2, 7, 1024])
-def test_the_sweep_gathers_each_querys_best_other_class_scores(block: int) -> None:
+# 6 classes: R is about 10, wider than a small block; 20 classes and blocks of 30: a query's
+# first block fills its short list with real scores before the other blocks are read.
+@pytest.mark.parametrize(("classes", "block"), [(6, 1), (6, 2), (6, 7), (6, 1024), (20, 30)])
+def test_the_sweep_gathers_each_querys_best_other_class_scores(classes: int, block: int) -> None:
     """Guards against the sweep missing other-class scores (a bar set too high when reading a
-    block down its columns): its record, for each query, of how many other-class items beat
-    its best same-class one and of its R best other-class scores, is the brute force's."""
+    block down its columns) or inventing some (a thread's list started from more than the
+    bar): its record, for each query, of how many other-class items beat its best same-class
+    one and of its R best other-class scores, is the brute force's."""
     from pactl.metrics import _positives, _Sweep
 
     rng = np.random.default_rng(14)
-    x, labels = clustered(rng, n=60, classes=6, dim=4, noise=1.5)
+    x, labels = clustered(rng, n=60, classes=classes, dim=4, noise=1.5)
     width = max(int(np.sum(labels == y)) - 1 for y in labels)
     sim = x.astype(np.float64) @ x.T.astype(np.float64)
     other = np.where(labels[:, None] != labels[None, :], sim, -np.inf)
