@@ -242,6 +242,18 @@ def test_each_refusal_names_the_argument_at_fault() -> None:
         (lambda: nmi(x[0], ids), "vectors must be"),
         (lambda: nmi(x, ids[:5]), "labels must be"),
         (lambda: knn(x[:0], x, k=1), "queries must be a non-empty"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_each_refusal_of_evaluate_names_the_argument_at_fault() -> None:
+    """Guards against a message naming the wrong input (or none), and a block size of 0 let
+    through when no thread count is given: each bad argument of evaluate is named."""
+    x = unit(np.random.default_rng(10).standard_normal((6, 4)))
+    ids = np.arange(6)
+    cases = [
         (lambda: evaluate(x[0], ids, [1]), "^vectors must be"),
         (lambda: evaluate(x, ids[:5], [1]), "^labels must be"),
         (lambda: evaluate(x, ids, [1], x[:, :0], ids), "^gallery_vectors must be"),
