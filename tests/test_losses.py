@@ -401,3 +401,84 @@ def test_build_loss_unknown_name_lists_choices() -> None:
     with pytest.raises(KeyError, match="proxy_anchor") as info:
         build_loss("arcface", 3, 2)
     assert "arcface" in str(info.value) and "multi_similarity" in str(info.value)
+
+
+# Survivors of make mutate (docs/mutation.md), each with the bug it stands for.
+
+
+def test_optimizer_groups_give_the_proxies_the_multiplied_rate() -> None:
+    """Guards against the proxies at the model's rate (or divided), a model group's own rate
+    ignored, and a default other than the paper's 100 x."""
+    from pactl.losses import optimizer_groups
+
+    model, loss = nn.Linear(3, 2), ProxyAnchorLoss(4, 2)
+    groups = optimizer_groups(model, loss, lr=1e-3)
+    assert [g["lr"] for g in groups] == [1e-3, pytest.approx(0.1)]
+    assert groups[1]["params"] == [loss.proxies] and len(groups[0]["params"]) == 2
+    own = [{"params": [model.weight], "lr": 5e-4}, {"params": [model.bias]}]
+    groups = optimizer_groups(own, loss, lr=1e-3, proxy_lr_mult=10.0)
+    assert [g["lr"] for g in groups] == [5e-4, 1e-3, pytest.approx(1e-2)]
+    assert len(optimizer_groups(model, TripletLoss(), lr=1e-3)) == 1  # no proxies, no group
+
+
+def test_proxy_checks_at_their_limits() -> None:
+    """Guards against limits moved by one: no proxy is refused, a single one is a loss; alpha
+    0 is refused, alpha below 1 is a scale like any other."""
+    x, y, proxies = random_case(5, 6, 3, 4, 1)
+    with pytest.raises(ValueError, match="proxies must be"):
+        proxy_anchor_loss(x, y, proxies[:0])
+    one = proxy_anchor_loss(x, y, proxies[:1], 0.5, 0.1)
+    assert one.item() == pytest.approx(reference_proxy_anchor(x, y, proxies[:1], 0.5, 0.1))
+    with pytest.raises(ValueError, match="alpha must be > 0"):
+        proxy_anchor_loss(x, y, proxies, alpha=0.0)
+
+
+def test_proxies_start_kaiming_normal_over_fan_out_from_the_generator() -> None:
+    """Guards against the generator given being ignored (runs that do not repeat) and the
+    start drawn over fan-in: each module's proxies are torch's Kaiming-normal, fan-out, drawn
+    from the same seed (5 classes, 3 dims: the two fans differ)."""
+    want = torch.empty(5, 3)
+    nn.init.kaiming_normal_(want, mode="fan_out", generator=torch.Generator().manual_seed(7))
+    for make in (ProxyAnchorLoss, ProxyNCALoss):
+        module = make(5, 3, generator=torch.Generator().manual_seed(7))
+        assert torch.equal(module.proxies.data, want), make
+        module.reset_parameters(torch.Generator().manual_seed(7))
+        assert torch.equal(module.proxies.data, want), make
+    assert build_loss("proxy_anchor", 5, 3).alpha == 32.0  # the paper's default scale
+
+
+def test_a_float64_input_makes_the_loss_float64() -> None:
+    """Guards against the precision being taken from one input only: float64 embeddings with
+    float32 proxies, or the reverse, are computed (and returned) in float64."""
+    x, y, proxies = random_case(6, 8, 4, 3)
+    for emb, prox in ((x, proxies.float()), (x.float(), proxies)):
+        assert proxy_anchor_loss(emb, y, prox).dtype == torch.float64
+    nca = ProxyNCALoss(4, 3, softmax_scale=8.0).double()
+    assert nca(x.float(), y).dtype == torch.float64
+
+
+def test_proxy_anchor_at_a_scale_whose_exponents_overflow_float32() -> None:
+    """Guards against a per-column shift below the column's largest exponent: at alpha 1000
+    exp(alpha * 2 delta) alone overflows float32, and the loss must still be the equation's."""
+    x, y, proxies = random_case(7, 10, 4, 5)
+    expected = reference_proxy_anchor(x, y, proxies, 1000.0, 0.1)
+    got = proxy_anchor_loss(x.float(), y, proxies.float(), 1000.0, 0.1)
+    assert math.isfinite(got.item()) and got.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_contrastive_with_a_positive_margin_and_identical_pairs() -> None:
+    """Guards against the positive margin added instead of subtracted (invisible at the
+    default 0), the documented defaults (0 and 0.5) drifting, and identical embeddings put at
+    distance 1, or given a NaN gradient, by the Euclidean form."""
+    from pactl.losses import ContrastiveLoss
+
+    x, y = clustered_batch(21, 10, 4, 3)
+    got = CosineContrastiveLoss(pos_margin=0.2, neg_margin=0.6)(x, y)
+    assert got.item() == pytest.approx(reference_contrastive(x, y, 0.2, 0.6), rel=1e-9)
+    default = CosineContrastiveLoss()(x, y)
+    assert default.item() == pytest.approx(reference_contrastive(x, y, 0.0, 0.5), rel=1e-9)
+    twins = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    loss = ContrastiveLoss()(twins, torch.tensor([0, 0, 1]))
+    assert loss.item() == pytest.approx(0.0, abs=1e-6)  # the twins are 0 apart, the negative 1.41
+    loss.backward()
+    assert twins.grad is not None and torch.isfinite(twins.grad).all()
