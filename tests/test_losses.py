@@ -482,3 +482,26 @@ def test_contrastive_with_a_positive_margin_and_identical_pairs() -> None:
     assert loss.item() == pytest.approx(0.0, abs=1e-6)  # the twins are 0 apart, the negative 1.41
     loss.backward()
     assert twins.grad is not None and torch.isfinite(twins.grad).all()
+
+
+@pytest.mark.parametrize(("alpha", "delta"), [(39.0, 3.0), (80.0, 0.1), (70.0, 0.1)])
+def test_proxy_anchor_near_the_limit_of_the_constant_shift(alpha: float, delta: float) -> None:
+    """Guards against the one shift for all columns being used where float32 cannot hold it:
+    a margin of 3 puts exponents at 4 alpha, and alpha 70 or 80 put exp(-alpha (1 + delta))
+    (the "1" of the log) at the edge of float32's range; a proxy opposite every sample makes
+    the smallest exponents. The loss must still be the equation's."""
+    x, y, proxies = random_case(8, 10, 4, 5)
+    proxies[3] = -x.mean(dim=0)
+    expected = reference_proxy_anchor(x, y, proxies, alpha, delta)
+    got = proxy_anchor_loss(x.float(), y, proxies.float(), alpha, delta)
+    assert math.isfinite(got.item()) and got.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_batches_without_a_sample_or_a_matrix_are_refused_and_one_sample_is_a_batch() -> None:
+    """Guards against an empty batch or a single vector taken for a batch, and a batch of one
+    sample (no pairs: a loss of 0) failing in the log-sum-exp."""
+    x, y = clustered_batch(22, 6, 4, 2)
+    for embeddings, labels in ((x[:0], y[:0]), (x[0], y[:4])):
+        with pytest.raises(ValueError, match="embeddings must be"):
+            MultiSimilarityLoss()(embeddings, labels)
+    assert MultiSimilarityLoss()(x[:1], y[:1]).item() == 0.0
