@@ -580,6 +580,8 @@ def real_set(name: str, args: argparse.Namespace, work: Path) -> list[str]:
             got = scored(vectors, labels, config, truth)
             what = f"{'sign' if rotation == 'none' else 'itq'} {bits}"
             lines += _rows(name, what, bits, got, floats)
+    if args.float_run is not None and args.bits_run is None:
+        return lines  # a float run of one's own and no --bits run: no learned codes
     learned, learned_labels = test_vectors(name, ["--bits", "64"], args, work)
     if not (learned_labels == labels).all():
         raise SystemExit(f"{name}: the two networks embedded the test images in other orders")
@@ -631,7 +633,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sets", default=None, help="real sets instead: fonts,fashion")
     p.add_argument("--root", type=Path, default=Path("/tmp/pactl-real"))
     p.add_argument("--float-run", type=Path, default=None, help="with one set: its float run")
-    p.add_argument("--bits-run", type=Path, default=None, help="with one set: its --bits 64 run")
+    p.add_argument("--bits-run", type=Path, default=None, help="its --bits 64 run (none: no row)")
     p.add_argument("--scale", action="store_true", help="the scale run (binary and float default)")
     p.add_argument("--keep", action="store_true", help="keep the scale run's data")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
