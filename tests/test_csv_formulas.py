@@ -102,3 +102,25 @@ def test_eval_report_holds_no_formula(tmp_path: Path, checkpoint: str) -> None:
     assert row == {"dataset": "'=cmd|x", "checkpoint": "'" + checkpoint, "recall@1": "-0.25"}
     assert not any(spreadsheet_would_run(cell) for cell in row.values())
     assert unescape_cell(row["checkpoint"]) == checkpoint
+
+
+def test_csv_text_quotes_only_what_needs_it_by_default() -> None:
+    """Guards against csv_text quoting every text cell by default (metrics.csv and manifests
+    are written through it as plain cells): only a field with a comma, a quote or a line break
+    is quoted, and `quote=True` quotes every str."""
+    assert csv_text(["name", "n"], [["a,b", 1], ["plain", 2]]) == 'name,n\n"a,b",1\nplain,2\n'
+    assert csv_text(None, [["plain", 2]], quote=True) == '"plain",2\n'
+
+
+def test_write_rows_keeps_the_bytes_of_a_name_that_is_not_utf8(tmp_path: Path) -> None:
+    """Guards against write_rows encoding strictly: a file name's bytes that are not UTF-8
+    (held as lone surrogates) are written as themselves, and read back to the same bytes."""
+    import os
+
+    from pactl.output import write_rows
+
+    name = os.fsdecode(b"caf\xe9-=1+2.png")  # Latin-1 bytes, and a formula after them
+    write_rows(tmp_path / "rows.csv", ["path"], [[name]])
+    assert (tmp_path / "rows.csv").read_bytes() == b'"path"\n"caf\xe9-=1+2.png"\n'
+    with open(tmp_path / "rows.csv", newline="", errors="surrogateescape") as f:
+        assert [unescape_cell(r[0]) for r in csv.reader(f)] == ["path", name]
