@@ -276,3 +276,64 @@ def test_file_facts_fill_only_what_is_unknown(tmp_path: Path) -> None:
     assert got_sizes.tolist() == [5, 7, -1]
     assert got_mtimes.tolist() == [a.stat().st_mtime_ns, 9, -1]
     assert sizes.tolist() == [-1, 7, -1] and mtimes.tolist() == [-1, 9, -1]
+
+
+def test_keep_newest_tells_apart_times_a_nanosecond_apart() -> None:
+    """Guards against modification times compared as float64, where times in ns about 1.7e18
+    within 256 ns of each other tie (and the earlier item was kept, not the newest); and an
+    empty set of groups giving anything but an empty mask."""
+    groups = Groups(
+        rows=np.array([0, 1]), group=np.array([1, 1]), score=np.ones(2), images=2, pairs=2
+    )
+    t = 1_700_000_000_000_000_000
+    mtimes = np.array([t, t + 1])
+    assert removable(groups, np.array([5, 5]), mtimes, "newest").tolist() == [True, False]
+    assert removable(groups, np.array([5, 6]), mtimes, "largest").tolist() == [True, False]
+    empty = Groups(
+        rows=np.zeros(0, np.int64),
+        group=np.zeros(0, np.int64),
+        score=np.zeros(0),
+        images=3,
+        pairs=0,
+    )
+    got = removable(empty, np.zeros(0, np.int64), np.zeros(0, np.int64), "first")
+    assert got.shape == (0,) and got.dtype == bool
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_thresholds_at_the_ends_of_the_cosine_range(strict: bool) -> None:
+    """Guards against the threshold's limits moved: -1 (every pair) and 1 (identical vectors
+    only) are thresholds, -1.5 and 1.5 are refused; a strict search that finds no pair gives no
+    group."""
+    from pactl.errors import PactlError
+
+    x = unit(np.random.default_rng(3).standard_normal((5, 4))).astype(np.float32)
+    x[4] = x[0]
+    every = find_groups(VectorSearcher(x), DedupConfig(threshold=-1.0, strict=strict))
+    assert as_sets(every) == {frozenset(range(5))}
+    same = find_groups(VectorSearcher(x), DedupConfig(threshold=1.0, strict=strict))
+    assert as_sets(same) <= {frozenset({0, 4})}  # float32 rounding may leave the twins apart
+    for bad in (-1.5, 1.5):
+        with pytest.raises(PactlError, match="--threshold must be a cosine"):
+            find_groups(VectorSearcher(x), DedupConfig(threshold=bad, strict=strict))
+    none = find_groups(VectorSearcher(x[:4]), DedupConfig(threshold=0.9999, strict=strict))
+    assert none.count == 0 and none.pairs == 0
+
+
+def test_pairs_and_scores_are_counted_over_every_batch() -> None:
+    """Guards against the pair count keeping only the last batch's, and member scores left
+    unwritten past the first batch: with batches of 3, the pairs found are the brute force's
+    (each from both ends) and each member's score is its cosine to its group's first."""
+    rng = np.random.default_rng(4)
+    x = planted(rng, 40, 6)
+    t = 0.9
+    groups = find_groups(VectorSearcher(x), DedupConfig(threshold=t, batch_size=3))
+    sim = x.astype(np.float64) @ x.T.astype(np.float64)
+    np.fill_diagonal(sim, -np.inf)
+    assert groups.pairs == int((sim >= t).sum()) and groups.pairs > 6
+    first = {int(g): int(r) for g, r in zip(groups.group[::-1], groups.rows[::-1], strict=True)}
+    want = [
+        sim[first[int(g)], r] if first[int(g)] != r else 1.0
+        for g, r in zip(groups.group, groups.rows, strict=True)
+    ]
+    np.testing.assert_allclose(groups.score, want, atol=1e-6)

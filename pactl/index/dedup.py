@@ -340,9 +340,10 @@ def removable(groups: Groups, sizes: np.ndarray, mtimes: np.ndarray, keep: str) 
         raise PactlError(f"--keep {keep!r}: choose one of {', '.join(KEEP_CHOICES)}")
     if not len(groups.rows):
         return np.zeros(0, dtype=bool)
-    value = {"first": -groups.rows.astype(np.float64), "largest": sizes, "newest": mtimes}[keep]
-    # Within a group: highest value first, then the earliest position.
-    order = np.lexsort((groups.rows, -np.asarray(value, dtype=np.float64), groups.group))
+    value = {"first": -groups.rows, "largest": sizes, "newest": mtimes}[keep]
+    # Within a group: highest value first, then the earliest position. In int64: as float64,
+    # modification times in ns (about 1.7e18) within 256 ns of each other would tie.
+    order = np.lexsort((groups.rows, -np.asarray(value, dtype=np.int64), groups.group))
     first_of_group = np.append(True, groups.group[order][1:] != groups.group[order][:-1])
     out = np.ones(len(groups.rows), dtype=bool)
     out[order[first_of_group]] = False
