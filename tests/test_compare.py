@@ -187,3 +187,35 @@ def test_three_seeds_fold_into_their_mean_not_their_median(tmp_path: Path) -> No
     by_epoch, _ = cmp.figure(groups).axes
     (line,) = by_epoch.get_lines()
     assert list(line.get_ydata()) == pytest.approx([0.1, 0.4])
+
+
+def test_summary_identity_columns_and_settings_by_hand(tmp_path: Path) -> None:
+    """Guards against the summary's identity columns misnamed or read from the wrong setting,
+    the statuses of a group joined wrongly, settings shown although every group has the same
+    value, a seed's config.json with its keys in another order splitting its group, a run
+    without a seconds column failing, and the epochs done left out."""
+    root = tmp_path / "runs"
+    write_run(root, "a-s0", epochs([0.2, 0.5, 0.6], [0.1, 0.2, 0.3]), seed=0, epochs=2)
+    late = write_run(root, "a-s1", epochs([0.3, 0.4], [0.1, 0.3]), seed=1, epochs=2)
+    info = json.loads((late / "config.json").read_text())
+    info["train_config"] = dict(reversed(list(info["train_config"].items())))
+    (late / "config.json").write_text(json.dumps(info))
+    rows = [{k: v for k, v in r.items() if k != "seconds"} for r in epochs([0.1], [0.1])]
+    write_run(root, "b", rows, seed=0, epochs=3, lr=5e-3)
+    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([root])])
+    assert [(g.name, len(g.runs)) for g in groups] == [("a", 2), ("b", 1)]
+    frame = cmp.summary(groups)
+    identity = ["run", "runs", "seeds", "status", "dataset", "loss", "backbone", "chosen by"]
+    assert list(frame.columns[:10]) == [*identity, "epochs", "lr"]  # the settings that differ
+    a = frame.set_index("run").loc["a"]
+    default = TrainConfig()
+    assert (a["runs"], a["dataset"], a["loss"], a["backbone"], a["chosen by"]) == (
+        2,
+        "digits",
+        default.loss,
+        "small",
+        "last",
+    )
+    assert a["status"] == "1/2 epochs, done" and a["epochs done mean"] == pytest.approx(1.5)
+    b = frame.set_index("run").loc["b"]
+    assert math.isnan(b["seconds mean"]) and b["epochs done mean"] == 0
