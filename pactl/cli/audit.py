@@ -131,7 +131,7 @@ def audit(
     Examples:
 
     \b
-      pactl audit runs/<run>                        # its own data, the top 20 of each list
+      pactl audit runs/<run>          # its own data, the top 20 of each list
       pactl audit runs/<run> --source photos/ --sheet suspects.png
       pactl audit runs/<run>/index --top 0 -f csv > audit.csv
       pactl audit runs/<run> --drop picked.csv --write-manifest clean.csv

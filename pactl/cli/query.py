@@ -147,7 +147,7 @@ def query(
       pactl query img.png --server http://127.0.0.1:8000
       pactl query new.jpg --same-item --k 10   # already indexed?
       pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
-      pactl query img.png --index codes/ --rescore 0   # a binary bundle, Hamming order
+      pactl query img.png --index codes/ --rescore 0   # binary: Hamming order
     """
     from pactl.output import HitWriter
     from pactl.verbs.query import find_bundle, query_chunks
