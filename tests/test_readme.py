@@ -95,8 +95,7 @@ def serve_answers(args: list[str], cwd: Path) -> None:
 
 
 def test_every_readme_option_is_an_option_of_its_verb() -> None:
-    """Fast, in every run of the suite: each `pactl` line names a verb and options it has (the
-    slow test below runs them)."""
+    """Each `pactl` line names a verb and options it has (the test below runs them)."""
     from typer.main import get_command
 
     from pactl.cli import app
@@ -111,7 +110,6 @@ def test_every_readme_option_is_an_option_of_its_verb() -> None:
         assert given <= options, (words, given - options)
 
 
-@pytest.mark.slow  # the whole tour, a minute of CPU: make test-all
 def test_every_command_of_the_readme_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
