@@ -136,3 +136,62 @@ def test_threshold_matches_brute_force_on_many_ties(target: float) -> None:
     threshold, recall = _brute_force(vectors, labels, target)
     assert cal.threshold == pytest.approx(threshold, abs=1e-5)
     assert cal.recall == pytest.approx(recall)
+
+
+def test_calibration_limits_and_the_values_it_records() -> None:
+    """Guards against limits moved by one (a target of 0 or above 1 accepted, two images of
+    one class refused), the split's name lost or not "test" by default, and a precision
+    recorded as measured where no threshold reaches the target."""
+    two = calibrate(_at_angles([0, 10]), np.array([0, 0]), CalibrationConfig(precision=0.5))
+    assert two.threshold == pytest.approx(math.cos(math.radians(10)), abs=1e-6)
+    assert two.split == "test" and two.recall == 1.0
+    assert calibrate(_at_angles([0, 10]), np.array([0, 0]), CalibrationConfig(), "val").split == (
+        "val"
+    )
+    for bad in (0.0, 1.5):
+        with pytest.raises(PactlError, match="--precision must be in"):
+            calibrate(_at_angles([0, 10]), np.array([0, 0]), CalibrationConfig(precision=bad))
+    none = calibrate(_at_angles([0, 1, 50, 60]), np.array([0, 1, 0, 1]), CalibrationConfig(1.0))
+    assert none.measured == 0.0 and none.point_for(1.0) is None and none.threshold_for(1.0) is None
+
+
+def test_other_targets_read_from_the_curve_at_its_ends() -> None:
+    """Guards against the calibrated point read back wrongly, and a target no curve point
+    reaches giving a point: the calibrated target gives its own threshold, 1.01 gives none."""
+    cal = calibrate(_at_angles([0, 10, 30, 100]), np.array([0, 0, 1, 1]), CalibrationConfig(0.99))
+    assert cal.point_for(0.99) == (cal.threshold, cal.measured, cal.recall)
+    assert cal.threshold is not None and cal.point_for(1.01) is None
+    assert cal.threshold_for(1.01) is None
+
+
+def test_pr_points_with_one_positive_pair_or_none() -> None:
+    """Guards against recall divided by a total of positives of exactly 1 (taken for none),
+    and no positive pair giving NaN recall instead of 0."""
+    from pactl.calibrate import ScoredPairs, pr_points
+
+    scores = np.array([0.9, 0.5, 0.1], dtype=np.float32)
+    one = ScoredPairs(scores, np.array([False, True, False]), np.ones(3), True)
+    np.testing.assert_allclose(pr_points(one)[2], [0.0, 1.0, 1.0])
+    none = ScoredPairs(scores, np.zeros(3, dtype=bool), np.ones(3), True)
+    np.testing.assert_array_equal(pr_points(none)[2], [0.0, 0.0, 0.0])
+
+
+def test_the_curve_has_a_point_at_every_step_of_cosine() -> None:
+    """Guards against a curve whose grid starts at 0 (losing the negative cosines), is shifted
+    by a step, or takes the last threshold above a grid value rather than at or above it: the
+    curve is, for every multiple g of CURVE_STEP from just above the lowest threshold to the
+    highest, the lowest-threshold point at or above g, once each."""
+    from pactl.calibrate import CURVE_STEP, curve
+
+    # 0.5 and 0 on the grid; -0.296 within the lowest grid step above -0.3
+    thresholds = np.array([0.5, 0.499, 0.3, 0.0, -0.25, -0.296, -0.3])
+    precision, recall = np.linspace(1.0, 0.5, 7), np.linspace(0.1, 1.0, 7)
+    want = []
+    for step in range(math.ceil(0.5 / CURVE_STEP), math.floor(-0.3 / CURVE_STEP), -1):
+        g = step * CURVE_STEP
+        at_or_above = [k for k, t in enumerate(thresholds) if t >= g - 1e-12]
+        if at_or_above and at_or_above[-1] not in want:
+            want.append(at_or_above[-1])
+    got = curve(thresholds, precision, recall)
+    assert [t for t, _, _ in got] == [float(thresholds[k]) for k in sorted(want)]
+    assert got[-1][0] == pytest.approx(-0.296) and got[0][0] == 0.5
