@@ -20,9 +20,6 @@ from pactl.index.mapped import blocks
 from pactl.index.search import exclude_by_id
 
 FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
-# below this exact Hamming search (BFlat) of 512-bit codes takes a few ms a query, as exact float
-# search does at FLAT_MAX_ITEMS (bench/bench_binary.py)
-BINARY_FLAT_MAX_ITEMS = 2_000_000
 TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: FAISS asks for >= 39; more costs minutes
 TRAIN_POINTS_OTHER = 65_536  # sample cap for trainable indexes without inverted lists
 TUNING_QUERIES = 1_000  # data points used as held-out queries when tuning nprobe / efSearch
@@ -122,13 +119,14 @@ def choose_factory(n: int, dim: int, memory_budget_gb: float = 8.0) -> str:
 
 def choose_binary_factory(n: int, bits: int) -> str:
     """The default FAISS binary factory for `n` codes of `bits` bits: exact Hamming search
-    (BFlat) below BINARY_FLAT_MAX_ITEMS; above, an IVF of ~4 sqrt(n) lists (a power of two)
-    with an HNSW quantiser, as the float default."""
+    (BFlat) at every size. An IVF of binary k-means lists was the default above 2,000,000 codes
+    until measured at 10,000,000 512-bit codes (docs/benchmarks.md, bench/binary_probe.py): its
+    lists do not follow the float neighbourhoods, and rescored it reached Recall@10 0.55 at its
+    tuned nprobe and 0.86 at a quarter of its lists, where BFlat over the same codes reached
+    0.97. `--factory BIVF<n>[_HNSW<m>]` or `BHNSW<m>` still builds them."""
     if n < 1 or bits < 8:
         raise PactlError(f"cannot index {n} codes of {bits} bits")
-    if n < BINARY_FLAT_MAX_ITEMS:
-        return "BFlat"
-    return f"BIVF{2 ** round(math.log2(4 * math.sqrt(n)))}_HNSW32"
+    return "BFlat"
 
 
 def _ivf_bytes(n: int, dim: int, nlist: int, code_bytes: int) -> int:
