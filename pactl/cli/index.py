@@ -41,8 +41,9 @@ else:
 
 BINARY_HELP = (
     "Index binary codes of the vectors (signs after a rotation chosen by measurement), every "
-    "hit rescored by exact cosine on the float vectors, which stay on disk: ~29x less memory "
-    "than the float default at 512 bits. Default for the vectors of `pactl train --bits`. "
+    "hit rescored by exact cosine on the float vectors, which stay on disk: ~28x less memory "
+    "than float vectors at 512 bits (64 bytes and an id a code). Default for the vectors of "
+    "`pactl train --bits`. "
     "Prefer product quantisation (--factory IVF4096_HNSW32,PQ64) where recall per byte "
     "matters most: at the same bytes and rescoring it found more true neighbours, faster; "
     "binary codes build faster, need no quantiser trained, and search exactly "
