@@ -57,9 +57,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-from bench.bench_index import CHUNK, Mixture, fastest  # noqa: E402
+from bench.bench_index import (  # noqa: E402
+    CHUNK,
+    K,
+    Mixture,
+    data_parser,
+    fastest,
+    parsed,
+    recall_at_10,
+)
 
-K = 10
 BITS = (64, 128, 256, 512)
 REPEATS = 3  # timed batched passes; the fastest counts
 SINGLE = 50  # queries timed one at a time
@@ -209,11 +216,6 @@ def _pq_rescored(bundle: Any, floats_file: Path, depth: int) -> Any:
         return rescore(floats, rows, q, found, K)[1]
 
     return run
-
-
-def recall_at_10(found: np.ndarray, truth: np.ndarray) -> float:
-    hits = (found[:, :, None] == truth[:, None, :K]).any(axis=2).sum(axis=1)
-    return float(hits.mean() / K)
 
 
 # ---------------------------------------------------------------------------- synthetic
@@ -622,12 +624,7 @@ def real_sets(args: argparse.Namespace) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=1_000_000, help="vectors in the index")
-    p.add_argument("--dim", type=int, default=512, help="dimension")
-    p.add_argument("--queries", type=int, default=1_000, help="fresh query vectors")
-    p.add_argument("--quick", action="store_true", help="100,000 x 128 with 200 queries")
-    p.add_argument("--seed", type=int, default=0)
+    p = data_parser(__doc__.split("\n\n")[0])
     p.add_argument("--workdir", type=Path, default=None, help="where data and bundles go")
     p.add_argument("--plot", type=Path, default=None, help="Recall@1 against bytes (.png)")
     p.add_argument("--sets", default=None, help="real sets instead: fonts,fashion")
@@ -639,10 +636,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--rescore", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--pq-rescore", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.quick:
-        args.n, args.dim, args.queries = 100_000, 128, 200
-    return args
+    return parsed(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

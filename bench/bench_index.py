@@ -52,19 +52,30 @@ K = 10
 CHUNK = 65_536
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def data_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the options of the synthetic data (Mixture) that the index benches share."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--n", type=int, default=1_000_000, help="vectors in the index")
     p.add_argument("--dim", type=int, default=512, help="dimension")
     p.add_argument("--queries", type=int, default=1_000, help="fresh query vectors")
     p.add_argument("--quick", action="store_true", help="100,000 x 128 with 200 queries")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3, help="timed passes; the fastest counts")
-    p.add_argument("--workdir", type=Path, default=None, help="where the bundle is written")
+    return p
+
+
+def parsed(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments of a data_parser, --quick applied."""
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.dim, args.queries = 100_000, 128, 200
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = data_parser(__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3, help="timed passes; the fastest counts")
+    p.add_argument("--workdir", type=Path, default=None, help="where the bundle is written")
+    return parsed(p, argv)
 
 
 def unit(x: np.ndarray) -> np.ndarray:

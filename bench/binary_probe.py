@@ -21,16 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from bench.bench_index import K, recall_at_10  # noqa: E402
 from pactl.index import load_bundle  # noqa: E402
 from pactl.index.search import search  # noqa: E402
-
-K = 10
-
-
-def recall(found: np.ndarray, truth: np.ndarray) -> float:
-    return float(
-        np.mean([len(set(f[:K]) & set(t[:K])) / K for f, t in zip(found, truth, strict=True)])
-    )
 
 
 def flat_codes(ivf: faiss.IndexBinaryIVF) -> faiss.IndexBinaryFlat:
@@ -70,7 +63,7 @@ def main() -> int:
         started = time.perf_counter()
         found = search(bundle, queries, K, rescore=depth)[1]
         ms = (time.perf_counter() - started) * 1e3 / len(queries)
-        print(f"| IVF nprobe={nprobe} | {recall(found, truth):.3f} | {ms:.1f} |")
+        print(f"| IVF nprobe={nprobe} | {recall_at_10(found[:, :K], truth):.3f} | {ms:.1f} |")
     flat = flat_codes(ivf)
     codes = bundle.index.rotation.codes(queries)
     for rescore in (30, depth, 64):
@@ -84,7 +77,7 @@ def main() -> int:
             answers.append(rows[np.argsort(-scores)[:K]])
         ms = (time.perf_counter() - started) * 1e3 / len(queries)
         print(
-            f"| BFlat, {rescore} candidates a hit | {recall(np.array(answers), truth):.3f} | "
+            f"| BFlat, {rescore} candidates a hit | {recall_at_10(np.array(answers), truth):.3f} | "
             f"{ms:.1f} ({searched * 1e3 / len(queries):.1f} + rescoring) |"
         )
     return 0
