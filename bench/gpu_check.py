@@ -118,13 +118,13 @@ def loss_device_vs_cpu(device: torch.device, quick: bool, repeats: int) -> None:
         proxy_anchor_loss(xd, y.to(device), pd).backward()
 
     seconds = timed(step, device, repeats)
+    loss_row(f"Proxy-Anchor fwd+bwd B{b} C{c} D{d}", seconds, on_device, on_cpu)
+
+
+def loss_row(check: str, seconds: float, on_device: float, on_cpu: float) -> None:
+    """A loss's time on the device and its value's agreement with the CPU's."""
     rel = abs(on_device - on_cpu) / abs(on_cpu)
-    row(
-        f"Proxy-Anchor fwd+bwd B{b} C{c} D{d}",
-        f"{seconds * 1e3:.2f} ms",
-        f"{rel:.1e} rel. to CPU",
-        "ok" if rel < 1e-4 else "CHECK",
-    )
+    row(check, f"{seconds * 1e3:.2f} ms", f"{rel:.1e} rel. to CPU", "ok" if rel < 1e-4 else "CHECK")
 
 
 def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
@@ -392,7 +392,7 @@ def codes_on_device(device: torch.device, quick: bool, repeats: int) -> None:
     gen = torch.Generator().manual_seed(5)
     x, y = torch.randn(b, bits, generator=gen), torch.randint(0, c, (b,), generator=gen)
     for proxies in ("learned", "hadamard"):
-        torch.manual_seed(0)  # the learned proxies: the same draw on both sides
+        torch.manual_seed(0)  # the learned proxies' draw, the same each run
         loss = build_code_loss(proxies, "proxy_anchor", c, bits, weight=0.1)
         on_cpu = float(loss(x, y).detach())
         moved = loss.to(device)
@@ -403,13 +403,7 @@ def codes_on_device(device: torch.device, quick: bool, repeats: int) -> None:
             moved(xd, y.to(device)).backward()
 
         seconds = timed(step, device, repeats)
-        rel = abs(on_device - on_cpu) / abs(on_cpu)
-        row(
-            f"code loss {proxies} fwd+bwd B{b} C{c} {bits} bits",
-            f"{seconds * 1e3:.2f} ms",
-            f"{rel:.1e} rel. to CPU",
-            "ok" if rel < 1e-4 else "CHECK",
-        )
+        loss_row(f"code loss {proxies} fwd+bwd B{b} C{c} {bits} bits", seconds, on_device, on_cpu)
     hamming_search(device, quick)
 
 
