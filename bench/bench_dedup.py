@@ -66,7 +66,8 @@ def run_dedup(args: argparse.Namespace) -> None:
     """The child: dedup of the memory-mapped vectors; groups saved, figures as JSON."""
     import faiss
 
-    from pactl.index.dedup import DedupConfig, VectorSearcher, find_groups
+    from pactl.index.dedup import VectorSearcher
+    from pactl.index.grouping import DedupConfig, find_groups
 
     faiss.omp_set_num_threads(args.threads)
     vectors = np.load(args.work / "vectors.npy", mmap_mode="r")

@@ -23,8 +23,8 @@ from typing import IO, Any, overload
 
 import numpy as np
 
+from pactl.csvcells import unescape_cell, write_rows
 from pactl.errors import PactlError
-from pactl.output import unescape_cell, write_rows
 from pactl.paths import NAME_ENCODING, NAME_ERRORS
 
 ITEMS_HEADER = ("id", "path", "label")

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from pactl.config import ModelConfig, TrainConfig, read_config, to_dict
+from pactl.csvcells import csv_text
 from pactl.datasets import Manifest
 from pactl.errors import PactlError
 from pactl.fsutil import atomic_write_text, make_folder
-from pactl.output import csv_text
 from pactl.version import __version__
 
 SELECTION_KEYS = {"val": "val_recall@1", "test": "recall@1"}  # the metric that chooses best.pt

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pactl.config import ModelConfig, TrainConfig, to_dict
+from pactl.research import aggregate
 from pactl.research import compare as cmp
 
 
@@ -58,9 +59,9 @@ def runs(tmp_path: Path) -> Path:
 
 
 def test_seeds_fold_into_hand_computed_mean_and_std(runs: Path) -> None:
-    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([runs])])
+    groups = aggregate.group_runs([cmp.read_run(p) for p in cmp.find_runs([runs])])
     assert [(g.name, len(g.runs)) for g in groups] == [("a", 2), ("b", 1), ("c", 1)]
-    frame = cmp.summary(groups).set_index("run")
+    frame = aggregate.summary(groups).set_index("run")
     a, b, c = frame.loc["a"], frame.loc["b"], frame.loc["c"]
     # a: best.pt is the last epoch; Recall@1 0.6 and 0.8: mean 0.7, std sqrt(2 * 0.1^2 / 1).
     assert a["best recall@1 mean"] == pytest.approx(0.7)
@@ -78,8 +79,8 @@ def test_seeds_fold_into_hand_computed_mean_and_std(runs: Path) -> None:
 
 
 def test_metrics_after_given_epochs(runs: Path) -> None:
-    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([runs])])
-    frame = cmp.summary(groups, at=(1, 2)).set_index("run")
+    groups = aggregate.group_runs([cmp.read_run(p) for p in cmp.find_runs([runs])])
+    frame = aggregate.summary(groups, at=(1, 2)).set_index("run")
     a, b = frame.loc["a"], frame.loc["b"]
     # a after epoch 1: Recall@1 0.5 and 0.4 (mean 0.45, std sqrt(2 * 0.05^2)), MAP@R 0.2, 0.3.
     assert a["recall@1 at 1 mean"] == pytest.approx(0.45)
@@ -123,7 +124,7 @@ def test_formats_and_files(runs: Path, tmp_path: Path) -> None:
 
 
 def test_figure_draws_a_band_only_for_seeded_groups(runs: Path) -> None:
-    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([runs])])
+    groups = aggregate.group_runs([cmp.read_run(p) for p in cmp.find_runs([runs])])
     fig = cmp.figure(groups)
     by_epoch, by_time = fig.axes
     bands = [c for c in by_epoch.collections if c.get_gid() == "seed-band"]
@@ -176,9 +177,9 @@ def test_three_seeds_fold_into_their_mean_not_their_median(tmp_path: Path) -> No
     root = tmp_path / "runs"
     for seed, (start, end) in enumerate([(0.0, 0.1), (0.3, 0.2), (0.0, 0.9)]):
         write_run(root, f"r-s{seed}", epochs([start, end], [end / 2, end]), seed=seed, epochs=1)
-    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([root])])
+    groups = aggregate.group_runs([cmp.read_run(p) for p in cmp.find_runs([root])])
     assert [(g.name, len(g.runs)) for g in groups] == [("r", 3)]
-    row = cmp.summary(groups, at=(0,)).set_index("run").loc["r"]
+    row = aggregate.summary(groups, at=(0,)).set_index("run").loc["r"]
     assert row["best recall@1 mean"] == pytest.approx(0.4)
     assert row["best recall@1 std"] == pytest.approx(math.sqrt(0.19))
     assert row["best map@r mean"] == pytest.approx(0.4)  # 0.1, 0.2, 0.9 again (selection last)
@@ -202,9 +203,9 @@ def test_summary_identity_columns_and_settings_by_hand(tmp_path: Path) -> None:
     (late / "config.json").write_text(json.dumps(info))
     rows = [{k: v for k, v in r.items() if k != "seconds"} for r in epochs([0.1], [0.1])]
     write_run(root, "b", rows, seed=0, epochs=3, lr=5e-3)
-    groups = cmp.group_runs([cmp.read_run(p) for p in cmp.find_runs([root])])
+    groups = aggregate.group_runs([cmp.read_run(p) for p in cmp.find_runs([root])])
     assert [(g.name, len(g.runs)) for g in groups] == [("a", 2), ("b", 1)]
-    frame = cmp.summary(groups)
+    frame = aggregate.summary(groups)
     identity = ["run", "runs", "seeds", "status", "dataset", "loss", "backbone", "chosen by"]
     assert list(frame.columns[:10]) == [*identity, "epochs", "lr"]  # the settings that differ
     a = frame.set_index("run").loc["a"]

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from conftest import unit
 
-from pactl.index import dedup
-from pactl.index.dedup import DedupConfig, Groups, VectorSearcher, find_groups, removable
+from pactl.index import dedup, grouping
+from pactl.index.dedup import VectorSearcher
+from pactl.index.grouping import DedupConfig, Groups, find_groups, removable
 
 
 def planted(rng: np.random.Generator, n: int, groups: int, dim: int = 16) -> np.ndarray:
@@ -141,7 +142,7 @@ def test_union_find_merges_several_groups_in_one_call() -> None:
     """Guards against a union that makes one pass instead of looping: one call whose pairs join
     four groups through one item (0-1, 2-3, 4-5, 6-7, then 1-7, 3-7, 5-7) must leave one set,
     rooted at its smallest member; a single pass of minimum.at keeps one of three links."""
-    joined = dedup.UnionFind(9)
+    joined = grouping.UnionFind(9)
     joined.union(np.array([0, 2, 4, 6]), np.array([1, 3, 5, 7]))
     assert joined.roots().tolist() == [0, 0, 2, 2, 4, 4, 6, 6, 8]
     joined.union(np.array([1, 3, 5]), np.array([7, 7, 7]))
@@ -156,7 +157,7 @@ def test_union_find_matches_merged_sets(calls: int) -> None:
     Python sets gives, each rooted at its smallest member."""
     rng = np.random.default_rng(calls)
     a, b = rng.integers(0, 60, size=(2, 45))
-    joined = dedup.UnionFind(60)
+    joined = grouping.UnionFind(60)
     for part in np.array_split(np.arange(45), calls):
         joined.union(a[part], b[part])
     roots = joined.roots()

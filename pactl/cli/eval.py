@@ -235,8 +235,8 @@ def default_report(checkpoint: Path | None) -> Path:
 def write_report(
     path: Path, source: str, model_from: Path | ModelConfig, metrics: dict[str, float]
 ) -> None:
+    from pactl.csvcells import csv_text
     from pactl.fsutil import atomic_write_text
-    from pactl.output import csv_text
 
     what = str(model_from) if isinstance(model_from, Path) else describe_backbone(model_from)
     row = [source, what, *(f"{v:.6g}" for v in metrics.values())]

@@ -24,10 +24,10 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from pactl.console import QUIET, Reporter
+from pactl.csvcells import csv_text, unescape_cell
 from pactl.errors import PactlError
 from pactl.files import KINDS
 from pactl.fsutil import atomic_write_text
-from pactl.output import csv_text, unescape_cell
 from pactl.paths import pactl_home
 
 SPLITS = ("train", "val", "test", "query", "gallery")

@@ -20,6 +20,7 @@ from torch import nn
 from pactl.checkpoint import Network
 from pactl.config import EmbedConfig, ModelConfig, to_dict
 from pactl.console import Reporter
+from pactl.csvcells import write_rows
 from pactl.embed import fastpath
 from pactl.embed.folder import (
     ITEMS_COLUMNS,
@@ -39,7 +40,6 @@ from pactl.fsutil import (
     read_current,
     record_files,
 )
-from pactl.output import write_rows
 from pactl.version import __version__
 
 

@@ -34,7 +34,7 @@ def readable_rows(
     training, not met one by one when drawn), which are reported once: one warning, and
     run_dir/skipped.csv (path, reason) written by the main process. With `shared` (a sweep's
     cache folder), a check of the same files, unchanged since, is read from there."""
-    from pactl.output import write_rows
+    from pactl.csvcells import write_rows
 
     bad = unreadable_files(manifest.files(), reporter if main else QUIET, shared)
     if not bad:

@@ -233,7 +233,7 @@ def read_paths(path: Path) -> list[str]:
     import csv
     import io
 
-    from pactl.output import unescape_cell
+    from pactl.csvcells import unescape_cell
 
     try:
         text = path.read_text(encoding="utf-8", errors="surrogateescape")

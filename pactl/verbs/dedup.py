@@ -44,7 +44,7 @@ def dedup(
     """Groups of the same item in a bundle (its own index) or a vectors folder (an index built
     for the search), at the given or calibrated threshold."""
     from pactl.calibrate import same_item_threshold
-    from pactl.index.dedup import DedupConfig, find_groups, removable
+    from pactl.index.grouping import DedupConfig, find_groups, removable
     from pactl.verbs.lineage import calibration_of
 
     searcher, items, meta = _searcher(folder, reporter)
