@@ -269,6 +269,42 @@ def copies_mode(
     print(f"reported pairs not planted: {len(found - truth)}, of which pixels differ: {len(false)}")
     print(f"false share of the reported pairs: {len(false) / max(len(found), 1):.4f}")
     print(f"audit wall time: {seconds:.1f} s")
+    original_ranks(planted_csv, work / "copies.csv")
+
+
+def original_ranks(planted_csv: Path, copies_csv: Path) -> None:
+    """Where each planted copy's original ranks among the copy's nearest by audit's descriptor
+    (the set's whitened thumbnails, every image of the set searched exactly): a rank far down
+    the list is a copy that no rescoring of the descriptor's few nearest could find."""
+    from pactl.thumbnails import FIT_SAMPLE, fit_whitening, read_thumbnails
+    from pactl.verbs.copies import CHANGES
+
+    with open(planted_csv, newline="") as f:
+        paths = [r["path"] for r in csv.DictReader(f)]
+    at = {p: i for i, p in enumerate(paths)}
+    with open(copies_csv, newline="") as f:
+        pairs = [(at[r["copy"]], at[r["original"]], r["copy"]) for r in csv.DictReader(f)]
+    thumbs, read = read_thumbnails(paths)
+    rng = np.random.default_rng(0)
+    seen = np.flatnonzero(read)
+    fit = np.sort(rng.choice(seen, size=min(FIT_SAMPLE, len(seen)), replace=False))
+    x = fit_whitening(thumbs[fit], rng)(thumbs)
+    print(
+        f"rank of the original among its copy's nearest by the descriptor (0: nearest; "
+        f"of {len(paths):,} images):"
+    )
+    for n, change in enumerate(CHANGES):
+        ranks = [
+            int(np.count_nonzero(x @ x[c] > x[c] @ x[o])) - 1  # the copy itself is above
+            for c, o, name in pairs
+            if int(Path(name).stem) % len(CHANGES) == n
+        ]
+        q = np.quantile(ranks, [0.5, 0.9]) if ranks else [np.nan, np.nan]
+        top = np.mean(np.array(ranks) < 10) if ranks else np.nan
+        print(
+            f"  {change}: median {q[0]:.0f}, 90th percentile {q[1]:.0f}, "
+            f"worst {max(ranks, default=0)}; among the 10 nearest: {top:.2f}"
+        )
 
 
 def copies_scale_mode(source: str, n: int, seed: int) -> None:
