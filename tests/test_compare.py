@@ -220,3 +220,17 @@ def test_summary_identity_columns_and_settings_by_hand(tmp_path: Path) -> None:
     assert a["status"] == "1/2 epochs, done" and a["epochs done mean"] == pytest.approx(1.5)
     b = frame.set_index("run").loc["b"]
     assert math.isnan(b["seconds mean"]) and b["epochs done mean"] == 0
+
+
+def test_a_run_with_no_scored_epoch_has_no_best_numbers(tmp_path: Path) -> None:
+    """Guards against a run without a best epoch (no epoch scored yet: only losses written)
+    read as if it had one: its best numbers and best epoch are NaN, its epochs and seconds
+    counted."""
+    import pandas as pd
+
+    frame = pd.DataFrame([{"epoch": 1, "loss": 3.0, "seconds": 2.5}])
+    run = aggregate.Run(tmp_path, "digits", {"train.epochs": 4}, frame, "val", 1, None)
+    numbers = aggregate.run_numbers(run, [1])
+    assert numbers["epochs done"] == 1.0 and numbers["seconds"] == 2.5
+    for name in ("best recall@1", "best map@r", "last recall@1", "best epoch"):
+        assert math.isnan(numbers[name]), name
