@@ -5,6 +5,7 @@ audit of 1,000,000 items through a bundle's FAISS index.
     python bench/bench_audit.py copies RUN --set /tmp/pactl-real/fonts28 --work /tmp/copies
     python bench/bench_audit.py scale --work /tmp/audit-1m [--n 1000000 --dim 512]
     python bench/bench_audit.py copies-scale --set /tmp/pactl-real/fashion [--n 1000000]
+    python bench/bench_audit.py descriptor --work /tmp/copies [--vectors EMBED_FOLDER]
 
 labels: each RUN trained with --label-noise (noise.csv lists the changed rows) is audited on the
 labels it trained with; among its training rows, every score's ranking of the changed labels:
@@ -25,6 +26,11 @@ retrain: each RUN's K most doubted training rows (K: as many as its noise change
 PRISM's drop share is set to; `pactl audit --drop-top K`) left out of a manifest (audit
 --write-manifest's, the test rows all kept) and the run's recipe trained on it again: its last
 Recall@1 beside the noisy run's.
+
+descriptor: for the copies a `copies` run planted in --work, where each original ranks among its
+copy's nearest by audit's descriptor (or by the vectors of --vectors, an embed folder of
+planted.csv), and how many unplanted pairs across splits reach the copies' cosines. The copies
+mode prints the same for audit's descriptor.
 
 copies-scale: the copy search at --n items: thumbnails read per second from --set's images, and
 --n random unit descriptors indexed by FAISS and searched in batches (wall time, peak memory).
@@ -272,39 +278,71 @@ def copies_mode(
     original_ranks(planted_csv, work / "copies.csv")
 
 
-def original_ranks(planted_csv: Path, copies_csv: Path) -> None:
-    """Where each planted copy's original ranks among the copy's nearest by audit's descriptor
-    (the set's whitened thumbnails, every image of the set searched exactly): a rank far down
-    the list is a copy that no rescoring of the descriptor's few nearest could find."""
-    from pactl.thumbnails import FIT_SAMPLE, fit_whitening, read_thumbnails
+def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = None) -> None:
+    """How a descriptor sees each planted copy: where its original ranks among the copy's
+    nearest (every image of the set searched exactly: a rank far down the list is a copy that
+    no check of the descriptor's few nearest could find), and how many pairs across splits
+    that are not planted reach the cosines 98%, 95%, 90% and 80% of the copies reach with their
+    originals. The descriptor: audit's (the set's whitened thumbnails), or the vectors of an
+    embed folder of planted.csv (`vectors`, e.g. ImageNet features: `pactl embed planted.csv
+    --backbone timm:efficientnet_lite0`)."""
     from pactl.verbs.copies import CHANGES
 
     with open(planted_csv, newline="") as f:
-        paths = [r["path"] for r in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
+    paths, splits = [r["path"] for r in rows], np.array([r["split"] for r in rows])
     at = {p: i for i, p in enumerate(paths)}
     with open(copies_csv, newline="") as f:
         pairs = [(at[r["copy"]], at[r["original"]], r["copy"]) for r in csv.DictReader(f)]
+    x = thumbnail_descriptors(paths) if vectors is None else embedded(vectors, at)
+    sims = x @ x.T
+    np.fill_diagonal(sims, -np.inf)
+    print(
+        f"descriptor: {vectors or 'whitened thumbnails'}; rank of the original among its "
+        f"copy's nearest (0: nearest; of {len(paths):,} images):"
+    )
+    kinds = np.array([int(Path(name).stem) % len(CHANGES) for _, _, name in pairs])
+    ranks = np.array([np.count_nonzero(sims[c] > sims[c, o]) for c, o, _ in pairs])
+    for n, change in enumerate(CHANGES):
+        r = ranks[kinds == n]
+        print(
+            f"  {change}: median {np.median(r):.0f}, 90th percentile {np.quantile(r, 0.9):.0f}, "
+            f"worst {r.max()}; among the 10 nearest: {np.mean(r < 10):.2f}"
+        )
+    copy_cos = np.array([sims[c, o] for c, o, _ in pairs])
+    planted = np.zeros(sims.shape, dtype=bool)
+    for c, o, _ in pairs:
+        planted[c, o] = planted[o, c] = True
+    upper = np.triu_indices(len(paths), 1)
+    cos, made, across = sims[upper], planted[upper], (splits[:, None] != splits[None])[upper]
+    for share in (0.98, 0.95, 0.90, 0.80):
+        cut = np.quantile(copy_cos, 1 - share)
+        reported = (cos >= cut) & across
+        print(
+            f"  at {cut:.4f} ({share:.0%} of the copies): {reported.sum():,} pairs across "
+            f"splits, {np.count_nonzero(reported & ~made):,} of them not planted"
+        )
+
+
+def thumbnail_descriptors(paths: list[str]) -> np.ndarray:
+    """Audit's copy descriptor of each image, whitened on these images as audit does."""
+    from pactl.thumbnails import FIT_SAMPLE, fit_whitening, read_thumbnails
+
     thumbs, read = read_thumbnails(paths)
     rng = np.random.default_rng(0)
     seen = np.flatnonzero(read)
     fit = np.sort(rng.choice(seen, size=min(FIT_SAMPLE, len(seen)), replace=False))
-    x = fit_whitening(thumbs[fit], rng)(thumbs)
-    print(
-        f"rank of the original among its copy's nearest by the descriptor (0: nearest; "
-        f"of {len(paths):,} images):"
-    )
-    for n, change in enumerate(CHANGES):
-        ranks = [
-            int(np.count_nonzero(x @ x[c] > x[c] @ x[o])) - 1  # the copy itself is above
-            for c, o, name in pairs
-            if int(Path(name).stem) % len(CHANGES) == n
-        ]
-        q = np.quantile(ranks, [0.5, 0.9]) if ranks else [np.nan, np.nan]
-        top = np.mean(np.array(ranks) < 10) if ranks else np.nan
-        print(
-            f"  {change}: median {q[0]:.0f}, 90th percentile {q[1]:.0f}, "
-            f"worst {max(ranks, default=0)}; among the 10 nearest: {top:.2f}"
-        )
+    return fit_whitening(thumbs[fit], rng)(thumbs)
+
+
+def embedded(folder: Path, at: dict[str, int]) -> np.ndarray:
+    """An embed folder's unit vectors in planted.csv's row order."""
+    from pactl.verbs.vectors import gather_vectors
+
+    vectors, items, _ = gather_vectors(folder)
+    x = np.empty((len(at), vectors.shape[1]), dtype=np.float32)
+    x[[at[str(p)] for p in items.paths]] = vectors
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
 def copies_scale_mode(source: str, n: int, seed: int) -> None:
@@ -403,7 +441,9 @@ def report_scale(stderr: str, work: Path, moved: np.ndarray) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("labels", "copies", "copies-scale", "scale", "retrain"))
+    p.add_argument(
+        "mode", choices=("labels", "copies", "copies-scale", "scale", "retrain", "descriptor")
+    )
     p.add_argument("runs", nargs="*", type=Path)
     p.add_argument("--set", dest="source", default="/tmp/pactl-real/fonts28")
     p.add_argument("--work", type=Path, default=Path("/tmp/pactl-audit-bench"))
@@ -412,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vectors", type=Path, default=None, help="descriptor: an embed folder")
     args = p.parse_args(argv)
     print(f"command: python bench/bench_audit.py {' '.join(sys.argv[1:])}")
     if args.mode == "labels":
@@ -424,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     elif args.mode == "copies-scale":
         copies_scale_mode(args.source, args.n, args.seed)
+    elif args.mode == "descriptor":
+        original_ranks(args.work / "planted.csv", args.work / "copies.csv", args.vectors)
     else:
         scale_mode(args.work, args.n, args.dim, args.seed)
     return 0
