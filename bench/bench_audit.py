@@ -326,13 +326,10 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
 
 def thumbnail_descriptors(paths: list[str]) -> np.ndarray:
     """Audit's copy descriptor of each image, whitened on these images as audit does."""
-    from pactl.thumbnails import FIT_SAMPLE, fit_whitening, read_thumbnails
+    from pactl.thumbnails import fit_whitening, read_thumbnails
 
     thumbs, read = read_thumbnails(paths)
-    rng = np.random.default_rng(0)
-    seen = np.flatnonzero(read)
-    fit = np.sort(rng.choice(seen, size=min(FIT_SAMPLE, len(seen)), replace=False))
-    return fit_whitening(thumbs[fit], rng)(thumbs)
+    return fit_whitening(thumbs, np.random.default_rng(0), read)(thumbs)
 
 
 def embedded(folder: Path, at: dict[str, int]) -> np.ndarray:

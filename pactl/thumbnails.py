@@ -78,11 +78,18 @@ class Whitening:
         return f"{SIDE}x{SIDE} grey thumbnails whitened to {len(self.spread)} axes"
 
 
-def fit_whitening(thumbs: np.ndarray, rng: np.random.Generator, dims: int = DIMS) -> Whitening:
-    """The whitening of a set's thumbnails (N, SIDE²), fitted on at most FIT_SAMPLE of them."""
-    if len(thumbs) > FIT_SAMPLE:
-        thumbs = thumbs[np.sort(rng.choice(len(thumbs), FIT_SAMPLE, replace=False))]
-    x = thumbs.astype(np.float64)
+def fit_whitening(
+    thumbs: np.ndarray,
+    rng: np.random.Generator,
+    read: np.ndarray | None = None,
+    dims: int = DIMS,
+) -> Whitening:
+    """The whitening of a set's thumbnails (N, SIDE²), fitted on at most FIT_SAMPLE of them
+    drawn by `rng` among the rows `read` (N,) bool (every row when None)."""
+    rows = np.arange(len(thumbs)) if read is None else np.flatnonzero(read)
+    if len(rows) > FIT_SAMPLE:
+        rows = np.sort(rng.choice(rows, FIT_SAMPLE, replace=False))
+    x = thumbs[rows].astype(np.float64)
     mean = x.mean(axis=0)
     _, values, axes = np.linalg.svd(x - mean, full_matrices=False)
     keep = max(1, min(dims, int(np.sum(values > 1e-9 * max(values[0], 1e-12)))))

@@ -132,17 +132,14 @@ def find_copies(
 def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks | None:
     """Every row's descriptor, and its k nearest through a FAISS index of them, in batches
     (None: fewer than 2 images read)."""
-    from pactl.thumbnails import FIT_SAMPLE, fit_whitening, read_thumbnails
+    from pactl.thumbnails import fit_whitening, read_thumbnails
 
     thumbs, read = read_thumbnails(data.paths, reporter)
     if read.sum() < 2:
         return None
     if not read.all():
         reporter.log(f"copies: {counted(int((~read).sum()), 'unreadable image')} left out")
-    rng = np.random.default_rng(0)
-    seen = np.flatnonzero(read)
-    fit = np.sort(rng.choice(seen, size=min(FIT_SAMPLE, len(seen)), replace=False))
-    describe = fit_whitening(thumbs[fit], rng)
+    describe = fit_whitening(thumbs, np.random.default_rng(0), read)
     descriptors = np.zeros((len(data), len(describe.spread)), dtype=np.float32)
     for start in range(0, len(data), batch_size):
         descriptors[start : start + batch_size] = describe(thumbs[start : start + batch_size])
