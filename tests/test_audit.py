@@ -14,7 +14,7 @@ from conftest import make_class_folder, one_error, read_csv, run_cli
 from pactl import doubt
 from pactl.console import QUIET
 from pactl.verbs.audit import AuditConfig, choose_centres, score_rows
-from pactl.verbs.copies import copy_pairs
+from pactl.verbs.copies import copy_pairs, neighbour_pairs
 from pactl.verbs.labelled import Labelled, exact_neighbours
 
 FINGERPRINT = "ab" * 32
@@ -116,7 +116,8 @@ def test_leaks_and_conflicts_are_found_among_planted_copies() -> None:
     labels, splits = [*labels[:22], "a", "c"], [*splits[:22], "test", "test"]
     data = labelled(vectors, labels, splits)
     found, sims = data.neighbours(np.arange(len(data)), 5)
-    pairs = {(c.kind, c.row, c.other) for c in copy_pairs(data, found, sims, 0.999)}
+    near = neighbour_pairs(found, sims)
+    pairs = {(c.kind, c.row, c.other) for c in copy_pairs(data, near, 0.999)}
     assert pairs == {("leak", 22, 0), ("leak", 23, 9), ("conflict", 9, 23)}
 
 
@@ -364,7 +365,8 @@ def test_the_precise_cosine_counts_pairs_within_splits_as_the_false_ones_by_hand
         dtype=np.float32,
     )  # fmt: skip
     data = labelled(np.eye(8, 4, dtype=np.float32), list("aabbccdd"), ["train"] * 4 + ["test"] * 4)
-    cosine, words = copies.precise_cosine(data, found, sims)
+    pairs = copies.neighbour_pairs(found, sims)
+    cosine, words = copies.precise_cosine(data, pairs)
     assert cosine == np.nextafter(np.float32(0.9), np.float32(np.inf)) and "x1.33" in words
     monkeypatch.setattr(copies, "COPY_FALSE", 0.5)
-    assert copies.precise_cosine(data, found, sims)[0] == pytest.approx(0.7)
+    assert copies.precise_cosine(data, pairs)[0] == pytest.approx(0.7)

@@ -59,15 +59,17 @@ class Copy:
     kind: str  # leak (across splits) | conflict (two labels)
 
 
+Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # (low row, high row, cosine), each pair once
+
+
 @dataclass(frozen=True)
 class Looks:
-    """Every audited row's copy descriptor (unit rows, zero where unread) and its nearest
-    other rows by it (N, k: -1 and -inf where none)."""
+    """Every audited row's copy descriptor (unit rows, zero where unread) and the pairs of
+    each row and its nearest other rows by it (pactl.verbs.copies.neighbour_pairs)."""
 
     describe: Any  # pactl.thumbnails.Whitening: thumbnails -> descriptors
     descriptors: np.ndarray
-    found: np.ndarray
-    sims: np.ndarray
+    pairs: Pairs
 
 
 def changed_copy(image: Any, change: str, rng: np.random.Generator) -> tuple[Any, str]:
@@ -126,7 +128,7 @@ def find_copies(
     reporter.log(
         f"copies by {looks.describe.words()} (not the network's embedding): {threshold.how}"
     )
-    return copy_pairs(data, looks.found, looks.sims, threshold.cosine), threshold
+    return copy_pairs(data, looks.pairs, threshold.cosine), threshold
 
 
 def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks | None:
@@ -152,7 +154,8 @@ def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks |
         found[rows], sims[rows] = search(rows, k)
     blank = ~np.any(descriptors != 0, axis=1)  # unread or uniform: matches nothing
     gone = (found < 0) | blank[np.maximum(found, 0)] | blank[:, None]
-    return Looks(describe, descriptors, np.where(gone, -1, found), np.where(gone, -np.inf, sims))
+    pairs = neighbour_pairs(np.where(gone, -1, found), np.where(gone, -np.inf, sims))
+    return Looks(describe, descriptors, pairs)
 
 
 def calibrate_copies(data: Labelled, looks: Looks, seed: int = 0) -> CopyThreshold:
@@ -161,7 +164,7 @@ def calibrate_copies(data: Labelled, looks: Looks, seed: int = 0) -> CopyThresho
     most COPY_FALSE of those reported (identical pictures always reported)."""
     rows, cosines, changes = made_copy_cosines(data, looks, seed)
     reach = float(np.quantile(cosines, 1 - COPY_RECALL, method="lower"))
-    close, null = precise_cosine(data, looks.found, looks.sims)
+    close, null = precise_cosine(data, looks.pairs)
     cosine = min(max(reach, close), IDENTICAL)
     kept = ", ".join(f"{c} {np.mean(cosines[changes == c] >= cosine):.0%}" for c in CHANGES)
     how = (
@@ -191,12 +194,11 @@ def made_copy_cosines(
     return rows, cosines, np.array([CHANGES[i % len(CHANGES)] for i in made.tolist()])
 
 
-def precise_cosine(data: Labelled, found: np.ndarray, sims: np.ndarray) -> tuple[float, str]:
+def precise_cosine(data: Labelled, pairs: Pairs) -> tuple[float, str]:
     """The lowest cosine at which the pairs within one split (less the identical), scaled to the
-    pairs across splits, are at most COPY_FALSE of the pairs across splits, among the neighbours
-    `found` (N, k), `sims`; with one split, the pairs under two labels stand for both. And the
-    words for it."""
-    low, high, score = neighbour_pairs(found, sims)
+    pairs across splits, are at most COPY_FALSE of the pairs across splits, among the neighbour
+    `pairs`; with one split, the pairs under two labels stand for both. And the words for it."""
+    low, high, score = pairs
     _, split = np.unique(np.asarray(data.splits, dtype=object), return_inverse=True)
     two = data.codes[low] != data.codes[high]
     across, possible = split[low] != split[high], possible_pairs(split)
@@ -218,8 +220,9 @@ def precise_cosine(data: Labelled, found: np.ndarray, sims: np.ndarray) -> tuple
     )
 
 
-def neighbour_pairs(found: np.ndarray, sims: np.ndarray) -> tuple[np.ndarray, ...]:
-    """(low row, high row, cosine) of each pair among the neighbours, once."""
+def neighbour_pairs(found: np.ndarray, sims: np.ndarray) -> Pairs:
+    """(low row, high row, cosine) of each pair among the neighbours `found` (N, k: -1 where
+    none) at `sims`, once."""
     rows = np.repeat(np.arange(len(found)), found.shape[1])
     other, score = found.ravel(), sims.ravel()
     keep = other >= 0
@@ -236,10 +239,10 @@ def possible_pairs(split: np.ndarray) -> tuple[int, int]:
     return n * (n - 1) // 2 - one_split, one_split
 
 
-def copy_pairs(data: Labelled, found: np.ndarray, sims: np.ndarray, threshold: float) -> list[Copy]:
-    """The leaks and the conflicts among each row's neighbours `found` (N, k) at or above
-    `threshold`, each pair once, highest cosine first."""
-    low, high, score = neighbour_pairs(found, sims)
+def copy_pairs(data: Labelled, pairs: Pairs, threshold: float) -> list[Copy]:
+    """The leaks and the conflicts among the neighbour `pairs` at or above `threshold`, highest
+    cosine first."""
+    low, high, score = pairs
     keep = score >= threshold
     copies = []
     splits = data.splits
