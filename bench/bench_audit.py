@@ -326,10 +326,10 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
 
 def thumbnail_descriptors(paths: list[str]) -> np.ndarray:
     """Audit's copy descriptor of each image, whitened on these images as audit does."""
-    from pactl.thumbnails import fit_whitening, read_thumbnails
+    from pactl.thumbnails import fit_whitening, read_pictures
 
-    thumbs, read = read_thumbnails(paths)
-    return fit_whitening(thumbs, np.random.default_rng(0), read)(thumbs)
+    pictures = read_pictures(paths)
+    return fit_whitening(pictures.thumbs, np.random.default_rng(0), pictures.read)(pictures.thumbs)
 
 
 def embedded(folder: Path, at: dict[str, int]) -> np.ndarray:
@@ -349,12 +349,12 @@ def copies_scale_mode(source: str, n: int, seed: int) -> None:
 
     from pactl.console import QUIET
     from pactl.datasets import load_source
-    from pactl.thumbnails import DIMS, read_thumbnails
+    from pactl.thumbnails import DIMS, read_pictures
     from pactl.verbs.copies import neighbour_pairs
 
     files = load_source(source, QUIET).files()[:3000]
     began = time.perf_counter()
-    read_thumbnails(files)
+    read_pictures(files)
     rate = len(files) / (time.perf_counter() - began)
     print(f"thumbnails: {rate:,.0f} images/s on {len(files):,} of {source} (one core)")
     rng = np.random.default_rng(seed)

@@ -14,7 +14,7 @@ from conftest import make_class_folder, one_error, read_csv, run_cli
 from pactl import doubt
 from pactl.console import QUIET
 from pactl.verbs.audit import AuditConfig, choose_centres, score_rows
-from pactl.verbs.copies import copy_pairs, neighbour_pairs
+from pactl.verbs.copies import Candidates, copy_pairs, likeliest
 from pactl.verbs.labelled import Labelled, exact_neighbours
 
 FINGERPRINT = "ab" * 32
@@ -119,6 +119,47 @@ def test_leaks_and_conflicts_are_found_among_planted_copies() -> None:
     near = neighbour_pairs(found, sims)
     pairs = {(c.kind, c.row, c.other) for c in copy_pairs(data, near, 0.999)}
     assert pairs == {("leak", 22, 0), ("leak", 23, 9), ("conflict", 9, 23)}
+
+
+def neighbour_pairs(
+    found: np.ndarray, sims: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low row, high row, score) of each pair among the neighbours `found` (N, k: -1 where
+    none) at `sims`, once: the pairs copy_pairs and precise_cosine take."""
+    rows = np.repeat(np.arange(len(found)), found.shape[1])
+    other, score = found.ravel(), sims.ravel()
+    keep = other >= 0
+    pair = np.stack([np.minimum(rows, other)[keep], np.maximum(rows, other)[keep]], axis=1)
+    pair, first = np.unique(pair, axis=0, return_index=True)
+    return pair[:, 0], pair[:, 1], score[keep][first]
+
+
+def test_likeliest_keeps_each_pair_once_at_its_best_and_each_copys_k_best() -> None:
+    """Found by hand: copy 1 of original 0 through two boxes (0.9 and 0.95: kept once, box 2),
+    copy 1 of 2 at 0.8 and of 3 at 0.85 (k = 2: 3 kept, 2 not), a row with itself, a missing
+    hit (-1) and a blank row (4) left out."""
+    found = [
+        (np.array([[0, 2]]), np.array([[1, 1]]), np.array([[0.9, 0.8]]), 0),
+        (
+            np.array([[0, 3, 1, -1, 4]]),
+            np.array([[1, 1, 1, 1, 0]]),
+            np.array([[0.95, 0.85, 1.0, 0.99, 0.99]]),
+            2,
+        ),
+    ]
+    blank = np.array([False, False, False, False, True])
+    got = likeliest(found, blank, 2)
+    assert isinstance(got, Candidates)
+    rows = sorted(
+        zip(
+            got.copy.tolist(),
+            got.original.tolist(),
+            np.round(got.cosine.astype(np.float64), 4).tolist(),
+            got.box.tolist(),
+            strict=True,
+        )
+    )
+    assert rows == [(1, 0, 0.95, 2), (1, 3, 0.85, 2)]
 
 
 def write_vectors(folder: Path, vectors: np.ndarray, labels: list[str]) -> None:
@@ -270,9 +311,10 @@ def test_a_run_with_planted_noise_is_audited_on_the_labels_it_trained_with(
     assert "the 6 labels --label-noise changed, among the 15 training rows: AUROC" in err
 
 
-def test_the_thumbnail_of_a_step_matches_a_float64_blur_and_box_mean() -> None:
-    """A 64 x 64 step (black left, white right) is already 4 x SIDE: the thumbnail is the step
-    blurred by a Gaussian of 64/28 px, averaged over 4 x 4 blocks, its mean taken off."""
+def test_the_thumbnail_of_a_step_matches_a_float64_blur_and_cell_mean() -> None:
+    """A 64 x 64 step (black left, white right) is already the base's size: the thumbnail is the
+    step blurred by a Gaussian of 64 x 1.5/28 px, averaged over 12 cells of 5 or 6 px (edges at
+    round(64 i / 12)), its mean taken off."""
     from PIL import Image
     from scipy.ndimage import gaussian_filter1d
 
@@ -281,11 +323,49 @@ def test_the_thumbnail_of_a_step_matches_a_float64_blur_and_box_mean() -> None:
     step = np.zeros((64, 64), dtype=np.uint8)
     step[:, 32:] = 255
     got = thumbnail(Image.fromarray(step)).reshape(SIDE, SIDE)
-    profile = gaussian_filter1d(step[0].astype(np.float64), 64 / 28, mode="nearest")
-    want = profile.reshape(SIDE, 4).mean(axis=1)
+    profile = gaussian_filter1d(step[0].astype(np.float64), 64 * 1.5 / 28, mode="nearest")
+    cuts = [round(64 * i / 12) for i in range(13)]
+    want = np.array([profile[a:b].mean() for a, b in zip(cuts, cuts[1:], strict=False)])
     want -= want.mean()
     assert np.abs(got - want[None, :]).max() < 3.0  # PIL's blur is three box passes
     assert np.allclose(got, got[:1]) and np.allclose(got[0], -got[0, ::-1], atol=1.0)
+
+
+def test_box_thumbnails_are_the_cell_means_of_the_box_by_brute_force() -> None:
+    """Each box's thumbnail against float64 means of the base's pixels in each cell (edges:
+    the box's sides in base pixels, split in 12 and rounded), for boxes of BOXES and a thin
+    one whose cells are forced a pixel apart."""
+    from pactl.thumbnails import BOXES, GRID, SIDE, box_thumbnails
+
+    bases = np.random.default_rng(5).integers(0, 256, size=(3, GRID, GRID)).astype(np.uint8)
+    for box in (*BOXES[:: len(BOXES) // 7], (0.5, 0.25, 0.6, 0.5)):
+        cols = np.round(np.linspace(box[0] * GRID, box[2] * GRID, SIDE + 1)).astype(int)
+        rows = np.round(np.linspace(box[1] * GRID, box[3] * GRID, SIDE + 1)).astype(int)
+        cols = np.maximum.accumulate(cols - np.arange(SIDE + 1)) + np.arange(SIDE + 1)
+        cols -= max(0, cols[-1] - GRID)
+        want = np.array(
+            [[[b[rows[i]:rows[i + 1], cols[j]:cols[j + 1]].astype(np.float64).mean()
+               for j in range(SIDE)] for i in range(SIDE)] for b in bases]
+        ).reshape(3, -1)  # fmt: skip
+        want -= want.mean(axis=1, keepdims=True)
+        assert np.abs(box_thumbnails(bases, box) - want).max() < 1e-3, box
+
+
+def test_the_crop_boxes_cover_every_crop_of_80_to_100_percent_within_a_step() -> None:
+    """Every box lies inside the image; any crop keeping 80 to 100% of each side, wherever it
+    lies, has a box whose four edges are each within 5% of the side of the crop's (2,000 random
+    crops; sizes are 5% apart and centres 5% apart)."""
+    from pactl.thumbnails import BOXES, WHOLE
+
+    boxes = np.array(BOXES)
+    assert BOXES[0] == WHOLE and len(set(BOXES)) == len(BOXES)
+    assert (boxes[:, :2] >= 0).all() and (boxes[:, 2:] <= 1 + 1e-9).all()
+    rng = np.random.default_rng(0)
+    for _ in range(2_000):
+        keep = rng.uniform(0.8, 1.0, size=2)
+        start = rng.uniform(0, 1 - keep)
+        crop = np.r_[start, start + keep]
+        assert np.abs(boxes - crop).max(axis=1).min() <= 0.05
 
 
 def test_whitening_weighs_each_axis_by_its_spread_by_hand() -> None:
@@ -365,7 +445,7 @@ def test_the_precise_cosine_counts_pairs_within_splits_as_the_false_ones_by_hand
         dtype=np.float32,
     )  # fmt: skip
     data = labelled(np.eye(8, 4, dtype=np.float32), list("aabbccdd"), ["train"] * 4 + ["test"] * 4)
-    pairs = copies.neighbour_pairs(found, sims)
+    pairs = neighbour_pairs(found, sims)
     cosine, words = copies.precise_cosine(data, pairs)
     assert cosine == np.nextafter(np.float32(0.9), np.float32(np.inf)) and "x1.33" in words
     monkeypatch.setattr(copies, "COPY_FALSE", 0.5)

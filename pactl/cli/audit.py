@@ -70,12 +70,12 @@ def audit(
     copy_threshold: Annotated[
         float | None,
         typer.Option(
-            min=-1.0,
+            min=0.0,
             max=1.0,
-            metavar="COSINE",
-            help="Cosine of two images' thumbnail descriptors (16x16 grey, whitened on the "
-            "set) at or above which they are copies (default: calibrated on the set, precision "
-            "first).",
+            metavar="LIKENESS",
+            help="Likeness of two images aligned pixel by pixel (1 - their RMS grey difference "
+            "/ 255) at or above which they are copies (default: calibrated on the set, "
+            "precision first).",
         ),
     ] = None,
     no_copies: Annotated[bool, typer.Option("--no-copies", help="Do not look for copies.")] = False,

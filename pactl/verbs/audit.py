@@ -32,7 +32,7 @@ class AuditConfig:
     score: str = "blend"  # one of SCORES
     centres: str = "means"  # one of CENTRES (means rank planted flips better: docs/audit.md)
     neighbours: int = doubt.NEIGHBOURS  # k nearest other items asked
-    copy_threshold: float | None = None  # thumbnail cosine; None: calibrated on the set
+    copy_threshold: float | None = None  # aligned likeness; None: calibrated on the set
     copies: bool = True  # look for copies across splits and under two labels
     device: str = "auto"  # where a run's network embeds
     batch_size: int = 4096  # items scored at once

@@ -1,20 +1,29 @@
 """Copies in a labelled set: a test image that is a copy of a training image (the classic
 benchmark leak) and copies that carry two labels.
 
-Copies are found by the thumbnail descriptor (pactl.thumbnails), not by the network's embedding:
-a metric network puts a class's images together, and on small images it puts a resized copy no
-nearer to its original than the original's class-mates. Every audited image's descriptor goes
-into a FAISS index of its own (pactl.verbs.labelled.exact_neighbours), searched in batches for
-each row's nearest, and pairs at or above a cosine threshold are reported when they cross splits
-or carry two labels. The threshold is calibrated on the set itself, precision first:
+Copies are found in two steps, neither by the network's embedding (a metric network puts a
+class's images together, and on small images it puts a resized copy no nearer to its original
+than the original's class-mates):
 
-- recall: the cosine COPY_RECALL of the copies the audit makes of COPY_SAMPLE of the set's own
+- proposed by the thumbnail descriptor (pactl.thumbnails): every image's whole-image descriptor
+  goes into a FAISS index (pactl.verbs.labelled.cosine_index); each image's k nearest are
+  candidates, and so are the PER_BOX nearest of the descriptor of each of BOXES of each image (a
+  crop of the image there), in sets of up to CROP_ITEMS images. Each copy keeps its k likeliest
+  originals, and those whose cosine reaches the one PROPOSED of the copies the audit makes reach
+  are aligned;
+- accepted by aligning the two images pixel by pixel (pactl.alignment): the likeness, 1 - the
+  root-mean-square grey difference / 255 of the best placement.
+
+Pairs at or above a likeness threshold are reported when they cross splits or carry two labels.
+The threshold is calibrated on the set itself, precision first:
+
+- recall: the likeness COPY_RECALL of the copies the audit makes of COPY_SAMPLE of the set's own
   images (resized, cropped, recompressed as JPEG, or all three) reach with their originals;
 - precision: a pair within one split cannot be a leak across splits, so beyond the identical
-  ones the neighbour pairs within splits stand for the distinct images that look alike (a
-  planted or real leak is not among them); scaled by how many pairs cross splits against how
-  many lie within them, they estimate how many of the pairs reported across splits are false.
-  The threshold is the lowest cosine where that estimate is at most COPY_FALSE of the pairs
+  ones the aligned pairs within splits stand for the distinct images that look alike (a planted
+  or real leak is not among them); scaled by how many pairs cross splits against how many lie
+  within them, they estimate how many of the pairs reported across splits are false. The
+  threshold is the lowest likeness where that estimate is at most COPY_FALSE of the pairs
   reported. Without splits, the pairs under two labels stand for both (then only identical
   pictures are sure to be reported).
 
@@ -33,25 +42,28 @@ import numpy as np
 
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.verbs.labelled import Labelled, exact_neighbours
+from pactl.verbs.labelled import Labelled
 
 COPY_SAMPLE = 256  # images copied to calibrate the threshold
 COPY_RECALL = 0.98  # share of those copies at or above it
+PROPOSED = 0.99  # share of those copies whose descriptor cosine a candidate must reach
 COPY_FALSE = 0.01  # most share of the reported pairs estimated false
-IDENTICAL = 0.9999  # a descriptor cosine only the same picture reaches: always a copy
+IDENTICAL = 0.9999  # a likeness only the same picture reaches: always a copy
+CROP_ITEMS = 50_000  # sets up to this size are searched for crops, larger ones for whole copies
+PER_BOX = 3  # nearest taken for each box of each image
 CHANGES = ("resize", "crop", "jpeg", "all")
 
 
 @dataclass(frozen=True)
 class CopyThreshold:
-    cosine: float
+    cosine: float  # the likeness at or above which two images are copies
     how: str  # where it came from, in words, with the descriptor that found the pairs
 
 
 @dataclass(frozen=True)
 class Copy:
     """Two items at or above the copy threshold: `row` and `other` (for a leak, the item outside
-    the train split and the train item), their cosine, and what makes them worth a look."""
+    the train split and the train item), their likeness, and what makes them worth a look."""
 
     row: int
     other: int
@@ -59,17 +71,40 @@ class Copy:
     kind: str  # leak (across splits) | conflict (two labels)
 
 
-Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # (low row, high row, cosine), each pair once
+Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # (low row, high row, likeness), each pair once
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Directed candidate pairs: `copy` may be `original` changed, its whole descriptor at
+    `cosine` to that of BOXES[`box`] of `original` (each array (P,))."""
+
+    original: np.ndarray
+    copy: np.ndarray
+    cosine: np.ndarray
+    box: np.ndarray
 
 
 @dataclass(frozen=True)
 class Looks:
-    """Every audited row's copy descriptor (unit rows, zero where unread) and the pairs of
-    each row and its nearest other rows by it (pactl.verbs.copies.neighbour_pairs)."""
+    """Every audited row's whole-image descriptor (unit rows, zero where unread), the bases the
+    boxes are cut from (None above CROP_ITEMS rows) and the candidate pairs."""
 
     describe: Any  # pactl.thumbnails.Whitening: thumbnails -> descriptors
     descriptors: np.ndarray
-    pairs: Pairs
+    bases: np.ndarray | None
+    candidates: Candidates
+
+
+@dataclass(frozen=True)
+class Made:
+    """The copies the audit made of some rows: each row, its copy's best descriptor cosine to a
+    box of it, its copy's likeness to it, and the change that made it (each (n,))."""
+
+    rows: np.ndarray
+    cosines: np.ndarray
+    likeness: np.ndarray
+    changes: np.ndarray
 
 
 def changed_copy(image: Any, change: str, rng: np.random.Generator) -> tuple[Any, str]:
@@ -115,88 +150,187 @@ def write_copies(paths: list[str], folder: Path, seed: int) -> tuple[list[Path],
 def find_copies(
     data: Labelled, k: int, given: float | None, batch_size: int, reporter: Reporter
 ) -> tuple[list[Copy], CopyThreshold | None]:
-    """The leaks and conflicts among each row's `k` nearest by the thumbnail descriptor, at
-    the `given` cosine or one calibrated on the set (none: too few images read)."""
+    """The leaks and conflicts among the candidates proposed by the thumbnail descriptor and
+    aligned, at the `given` likeness or one calibrated on the set (none: too few images read)."""
     looks = look(data, k, batch_size, reporter)
     if looks is None:
         reporter.log("copies: not looked for (fewer than 2 of the images can be read)")
         return [], None
+    made = made_copies(data, looks, seed=0)
+    floor = float(np.quantile(made.cosines, 1 - PROPOSED, method="lower"))
+    pairs = aligned_pairs(data, looks.candidates, floor, reporter)
     if given is not None:
-        threshold = CopyThreshold(given, f"{given:.4f} cosine (given)")
+        threshold = CopyThreshold(given, f"{given:.4f} likeness (given)")
     else:
-        threshold = calibrate_copies(data, looks, seed=0)
+        threshold = calibrate_copies(data, made, floor, pairs)
+    crops = "whole images and crops" if looks.bases is not None else "whole images only"
     reporter.log(
-        f"copies by {looks.describe.words()} (not the network's embedding): {threshold.how}"
+        f"copies proposed by {looks.describe.words()} ({crops}; not the network's embedding), "
+        f"{counted(len(pairs[0]), 'candidate pair')} at cosine {floor:.4f} or more (where "
+        f"{PROPOSED:.0%} of the copies made are) aligned pixel by pixel: {threshold.how}"
     )
-    return copy_pairs(data, looks.pairs, threshold.cosine), threshold
+    return copy_pairs(data, pairs, threshold.cosine), threshold
 
 
 def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks | None:
-    """Every row's descriptor, and its k nearest through a FAISS index of them, in batches
-    (None: fewer than 2 images read)."""
-    from pactl.thumbnails import fit_whitening, read_thumbnails
+    """Every row's descriptor and the candidate pairs: each row's k nearest whole images, and
+    the PER_BOX nearest of each box of it (up to CROP_ITEMS rows), through a FAISS index of the
+    whole descriptors, in batches (None: fewer than 2 images read)."""
+    from pactl.thumbnails import BOXES, DIMS, box_thumbnails, fit_whitening, integral, read_pictures
+    from pactl.verbs.labelled import cosine_index
 
-    thumbs, read = read_thumbnails(data.paths, reporter)
-    if read.sum() < 2:
+    pictures = read_pictures(data.paths, reporter, keep_bases=len(data) <= CROP_ITEMS)
+    if pictures.read.sum() < 2:
         return None
-    if not read.all():
-        reporter.log(f"copies: {counted(int((~read).sum()), 'unreadable image')} left out")
-    describe = fit_whitening(thumbs, np.random.default_rng(0), read)
+    if not pictures.read.all():
+        reporter.log(f"copies: {counted(int((~pictures.read).sum()), 'unreadable image')} left out")
+    dims = min(DIMS, max(8, int(pictures.read.sum()) // 8))  # axes a small set can estimate
+    describe = fit_whitening(pictures.thumbs, np.random.default_rng(0), pictures.read, dims)
     descriptors = np.zeros((len(data), len(describe.spread)), dtype=np.float32)
     for start in range(0, len(data), batch_size):
-        descriptors[start : start + batch_size] = describe(thumbs[start : start + batch_size])
-    del thumbs
-    search = exact_neighbours(descriptors)
-    found = np.full((len(data), k), -1, dtype=np.int64)
-    sims = np.full((len(data), k), -np.inf, dtype=np.float32)
+        descriptors[start : start + batch_size] = describe(
+            pictures.thumbs[start : start + batch_size]
+        )
+    bases, read = pictures.bases, pictures.read
+    del pictures  # the thumbnails: 0.3 GiB at 1,000,000 images
+    nearest = cosine_index(descriptors)
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []  # original, copy, cos, box
     for start in range(0, len(data), batch_size):
         rows = np.arange(start, min(start + batch_size, len(data)))
-        found[rows], sims[rows] = search(rows, k)
-    blank = ~np.any(descriptors != 0, axis=1)  # unread or uniform: matches nothing
-    gone = (found < 0) | blank[np.maximum(found, 0)] | blank[:, None]
-    pairs = neighbour_pairs(np.where(gone, -1, found), np.where(gone, -np.inf, sims))
-    return Looks(describe, descriptors, pairs)
+        sims, hits = nearest(descriptors[rows], k + 1)
+        found.append((hits, np.broadcast_to(rows[:, None], hits.shape), sims, 0))
+    if bases is not None:
+        with reporter.bar("looking in crop boxes", total=len(data)) as advance:
+            for start in range(0, len(data), batch_size):
+                rows = np.arange(start, min(start + batch_size, len(data)))
+                total = integral(bases[rows])
+                for b in range(1, len(BOXES)):
+                    boxed = describe(box_thumbnails(bases[rows], BOXES[b], total))
+                    sims, hits = nearest(boxed, PER_BOX)
+                    found.append((np.broadcast_to(rows[:, None], hits.shape), hits, sims, b))
+                advance(len(rows))
+    blank = ~np.any(descriptors != 0, axis=1) | ~read  # unread or uniform: matches nothing
+    return Looks(describe, descriptors, bases, likeliest(found, blank, k))
 
 
-def calibrate_copies(data: Labelled, looks: Looks, seed: int = 0) -> CopyThreshold:
-    """The copy threshold, precision first: the higher of the cosine COPY_RECALL of the copies
-    made of the set's images reach and the lowest at which the pairs estimated false are at
-    most COPY_FALSE of those reported (identical pictures always reported)."""
-    rows, cosines, changes = made_copy_cosines(data, looks, seed)
-    reach = float(np.quantile(cosines, 1 - COPY_RECALL, method="lower"))
-    close, null = precise_cosine(data, looks.pairs)
-    cosine = min(max(reach, close), IDENTICAL)
-    kept = ", ".join(f"{c} {np.mean(cosines[changes == c] >= cosine):.0%}" for c in CHANGES)
-    how = (
-        f"{cosine:.4f} cosine: {COPY_RECALL:.0%} of the copies made of {len(rows):,} of the set's "
-        f"own images reach {reach:.4f}; {null}; copies made found at {cosine:.4f}: {kept}"
-    )
-    return CopyThreshold(cosine, how)
+def likeliest(
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]], blank: np.ndarray, k: int
+) -> Candidates:
+    """Each pair of `found` (originals, copies, cosines, box) once, at its best cosine, and
+    each copy's k best originals; none where either row is `blank`, none of a row with itself."""
+    original = np.concatenate([o.ravel() for o, _, _, _ in found])
+    copy = np.concatenate([c.ravel() for _, c, _, _ in found])
+    cosine = np.concatenate([s.ravel() for _, _, s, _ in found]).astype(np.float32)
+    box = np.concatenate([np.full(o.size, b, dtype=np.int64) for o, _, _, b in found])
+    keep = (original >= 0) & (copy >= 0) & (original != copy)
+    keep &= ~blank[np.maximum(original, 0)] & ~blank[np.maximum(copy, 0)]
+    original, copy, cosine, box = original[keep], copy[keep], cosine[keep], box[keep]
+    order = np.lexsort((-cosine, original, copy))  # each pair's best first
+    pair = np.stack([copy[order], original[order]], axis=1)
+    _, first = np.unique(pair, axis=0, return_index=True)
+    best = order[first]
+    order = best[np.lexsort((-cosine[best], copy[best]))]  # each copy's best originals first
+    group = copy[order]
+    starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    chosen = order[rank < k]
+    return Candidates(original[chosen], copy[chosen], cosine[chosen], box[chosen])
 
 
-def made_copy_cosines(
-    data: Labelled, looks: Looks, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, the descriptor cosine of each row's made copy to it, the change that made it)."""
-    from pactl.thumbnails import read_thumbnails
+def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
+    """Copies made of COPY_SAMPLE of the rows read (write_copies), and how the two steps see
+    each: its whole descriptor's best cosine to a box of its row (the whole image alone where
+    no bases were kept), and its likeness aligned on that box."""
+    from pactl.alignment import likeness, working
+    from pactl.images import load_image
+    from pactl.thumbnails import BOXES, box_thumbnails, read_pictures
 
     rng = np.random.default_rng(seed)
     seen = np.flatnonzero(np.any(looks.descriptors != 0, axis=1))
     sample = np.sort(rng.choice(seen, size=min(COPY_SAMPLE, len(seen)), replace=False))
     with tempfile.TemporaryDirectory(prefix="pactl-copies-") as tmp:
         files, kept = write_copies([data.paths[i] for i in sample.tolist()], Path(tmp), seed)
-        thumbs, read = read_thumbnails(files)
-    made = np.asarray(kept, dtype=np.int64)[read]
+        pictures = read_pictures(files)
+        made_files = [f for f, ok in zip(files, pictures.read.tolist(), strict=True) if ok]
+        images = [working(load_image(f)) for f in made_files]
+    made = np.asarray(kept, dtype=np.int64)[pictures.read]
     if len(made) < 2:
         raise PactlError(f"{data.what}: too few readable images to calibrate copies on")
     rows = sample[made]
-    cosines = np.einsum("ij,ij->i", looks.describe(thumbs[read]), looks.descriptors[rows])
-    return rows, cosines, np.array([CHANGES[i % len(CHANGES)] for i in made.tolist()])
+    copied = looks.describe(pictures.thumbs[pictures.read])
+    if looks.bases is None:
+        cosines = np.einsum("ij,ij->i", copied, looks.descriptors[rows])[None]
+    else:
+        cosines = np.stack(
+            [np.einsum("ij,ij->i", copied, looks.describe(box_thumbnails(looks.bases[rows], b)))
+             for b in BOXES]
+        )  # fmt: skip
+    box = np.argmax(cosines, axis=0)
+    alike = np.array(
+        [likeness(working(load_image(data.paths[r])), image, BOXES[b])
+         for r, image, b in zip(rows.tolist(), images, box.tolist(), strict=True)]
+    )  # fmt: skip
+    changes = np.array([CHANGES[i % len(CHANGES)] for i in made.tolist()])
+    return Made(rows, cosines.max(axis=0), alike, changes)
+
+
+def aligned_pairs(
+    data: Labelled, candidates: Candidates, floor: float, reporter: Reporter
+) -> Pairs:
+    """(low row, high row, likeness) of each candidate pair whose cosine reaches `floor`, once
+    (its best of the two directions); a pair with an unreadable image is left out."""
+    from functools import lru_cache
+
+    from pactl.alignment import likeness, working
+    from pactl.images import ImageError, load_image
+    from pactl.thumbnails import BOXES
+
+    @lru_cache(maxsize=50_000)
+    def picture(row: int) -> Any:
+        try:
+            return working(load_image(data.paths[row]))
+        except ImageError:
+            return None
+
+    keep = np.flatnonzero(candidates.cosine >= floor)
+    keep = keep[np.argsort(candidates.original[keep], kind="stable")]
+    scores = np.full(len(keep), -np.inf)
+    with reporter.bar("aligning candidate pairs", total=len(keep)) as advance:
+        for n, i in enumerate(keep.tolist()):
+            a, b = picture(int(candidates.original[i])), picture(int(candidates.copy[i]))
+            if a is not None and b is not None:
+                scores[n] = likeness(a, b, BOXES[int(candidates.box[i])])
+            advance(1)
+    first, second = candidates.original[keep], candidates.copy[keep]
+    low, high, ok = np.minimum(first, second), np.maximum(first, second), np.isfinite(scores)
+    low, high, scores = low[ok], high[ok], scores[ok]
+    order = np.lexsort((-scores, high, low))
+    pair = np.stack([low[order], high[order]], axis=1)
+    _, at = np.unique(pair, axis=0, return_index=True)
+    chosen = order[at]
+    return low[chosen], high[chosen], scores[chosen].astype(np.float32)
+
+
+def calibrate_copies(data: Labelled, made: Made, floor: float, pairs: Pairs) -> CopyThreshold:
+    """The copy threshold, precision first: the higher of the likeness COPY_RECALL of the copies
+    made of the set's images reach and the lowest at which the pairs estimated false are at
+    most COPY_FALSE of those reported (identical pictures always reported)."""
+    reach = float(np.quantile(made.likeness, 1 - COPY_RECALL, method="lower"))
+    close, null = precise_cosine(data, pairs)
+    cosine = min(max(reach, close), IDENTICAL)
+    found = (made.likeness >= cosine) & (made.cosines >= floor)
+    kept = ", ".join(f"{c} {np.mean(found[made.changes == c]):.0%}" for c in CHANGES)
+    how = (
+        f"{cosine:.4f} likeness: {COPY_RECALL:.0%} of the copies made of {len(made.rows):,} of "
+        f"the set's own images reach {reach:.4f}; {null}; copies made found at {cosine:.4f}: "
+        f"{kept}"
+    )
+    return CopyThreshold(cosine, how)
 
 
 def precise_cosine(data: Labelled, pairs: Pairs) -> tuple[float, str]:
-    """The lowest cosine at which the pairs within one split (less the identical), scaled to the
-    pairs across splits, are at most COPY_FALSE of the pairs across splits, among the neighbour
+    """The lowest likeness at which the pairs within one split (less the identical), scaled to the
+    pairs across splits, are at most COPY_FALSE of the pairs across splits, among the aligned
     `pairs`; with one split, the pairs under two labels stand for both. And the words for it."""
     low, high, score = pairs
     _, split = np.unique(np.asarray(data.splits, dtype=object), return_inverse=True)
@@ -213,22 +347,11 @@ def precise_cosine(data: Labelled, pairs: Pairs) -> tuple[float, str]:
     shown = len(reported) - np.searchsorted(reported, candidates, side="left")
     cosine = float(candidates[np.flatnonzero(false <= COPY_FALSE * shown)[0]])
     return cosine, (
-        f"{counted(len(null), 'neighbour pair')} within {'a split' if several else 'two labels'}, "
+        f"{counted(len(null), 'aligned pair')} within {'a split' if several else 'two labels'}, "
         "not identical "
         f"(x{scale:.2f} for the pairs across splits), estimate at most {COPY_FALSE:.0%} of the "
         f"pairs reported false from {cosine:.4f} up"
     )
-
-
-def neighbour_pairs(found: np.ndarray, sims: np.ndarray) -> Pairs:
-    """(low row, high row, cosine) of each pair among the neighbours `found` (N, k: -1 where
-    none) at `sims`, once."""
-    rows = np.repeat(np.arange(len(found)), found.shape[1])
-    other, score = found.ravel(), sims.ravel()
-    keep = other >= 0
-    pair = np.stack([np.minimum(rows, other)[keep], np.maximum(rows, other)[keep]], axis=1)
-    pair, first = np.unique(pair, axis=0, return_index=True)
-    return pair[:, 0], pair[:, 1], score[keep][first]
 
 
 def possible_pairs(split: np.ndarray) -> tuple[int, int]:
@@ -240,8 +363,8 @@ def possible_pairs(split: np.ndarray) -> tuple[int, int]:
 
 
 def copy_pairs(data: Labelled, pairs: Pairs, threshold: float) -> list[Copy]:
-    """The leaks and the conflicts among the neighbour `pairs` at or above `threshold`, highest
-    cosine first."""
+    """The leaks and the conflicts among the aligned `pairs` at or above `threshold`, likeliest
+    first."""
     low, high, score = pairs
     keep = score >= threshold
     copies = []

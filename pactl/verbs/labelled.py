@@ -73,6 +73,19 @@ def proxies_of(payload: dict[str, Any], names: list[str]) -> doubt.Centres | Non
 
 def exact_neighbours(vectors: np.ndarray) -> Neighbours:
     """k nearest by cosine among `vectors` (in memory): exact up to EXACT_ITEMS, else an IVF."""
+    x = np.ascontiguousarray(vectors, dtype=np.float32)
+    nearest = cosine_index(x)
+
+    def search(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        sims, found = nearest(x[rows], min(k + 1, len(x)))
+        return without_self(rows, found, sims, k)
+
+    return search
+
+
+def cosine_index(vectors: np.ndarray) -> Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]:
+    """queries, k -> (cosines, rows) of the k nearest of `vectors` (unit rows, in memory) to each
+    query: exact up to EXACT_ITEMS, else an IVF searched 16 lists deep."""
     import faiss
 
     x = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -86,9 +99,9 @@ def exact_neighbours(vectors: np.ndarray) -> Neighbours:
         faiss.extract_index_ivf(index).nprobe = 16
     index.add(x)
 
-    def search(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        sims, found = index.search(x[rows], min(k + 1, n))
-        return without_self(rows, found, sims, k)
+    def search(queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        sims, found = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k, n))
+        return sims, found
 
     return search
 

@@ -1,0 +1,90 @@
+"""Aligning a copy on its original (pactl.alignment): the residual against brute force, and the
+likeness of copies, shifted grey levels and distinct pictures by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pactl.alignment import WORK, least_rms, likeness, working
+from pactl.thumbnails import WHOLE
+
+
+def picture(seed: int, side: int = 32, low: int = 30, high: int = 200) -> Any:
+    """A seeded smooth grey picture of side x side, values in [low, high]."""
+    from PIL import Image
+
+    small = np.random.default_rng(seed).integers(low, high + 1, size=(5, 5)).astype(np.uint8)
+    return Image.fromarray(small).resize((side, side), Image.Resampling.BICUBIC)
+
+
+def test_least_rms_is_the_best_placement_by_brute_force() -> None:
+    """Against float64 root-mean-square differences at every placement, looped by hand."""
+    rng = np.random.default_rng(0)
+    image, template = rng.uniform(0, 255, (12, 15)), rng.uniform(0, 255, (7, 9))
+    image[3:10, 4:13] = template + rng.normal(0, 2, template.shape)  # one placement is close
+    want = min(
+        np.sqrt(np.mean((image[y : y + 7, x : x + 9] - template) ** 2))
+        for y in range(12 - 7 + 1)
+        for x in range(15 - 9 + 1)
+    )
+    assert least_rms(image.astype(np.float32), template.astype(np.float32)) == pytest.approx(
+        want, rel=1e-5
+    )
+
+
+def test_the_same_picture_has_likeness_one() -> None:
+    image = picture(1)
+    assert likeness(image, image.copy(), WHOLE) == 1.0
+
+
+def test_a_grey_shift_costs_its_size_by_hand() -> None:
+    """Flat grey 100 against flat grey 120: every placement differs by 20, so likeness is
+    1 - 20/255. A smooth picture shifted 20 levels up (no clipping): placing it at the same
+    box costs 20, so the best placement costs at most that (a slightly moved one can trade
+    some shift for slope), and the shift is still seen (more than 15)."""
+    from PIL import Image
+
+    flat, lighter = Image.new("L", (32, 32), 100), Image.new("L", (32, 32), 120)
+    assert likeness(flat, lighter, WHOLE) == pytest.approx(1 - 20 / 255, abs=1e-6)
+    image = picture(2)
+    brighter = Image.fromarray((np.asarray(image, dtype=np.int16) + 20).astype(np.uint8))
+    assert 1 - 20.5 / 255 <= likeness(image, brighter, WHOLE) < 1 - 15 / 255
+
+
+def test_a_crop_resized_and_recompressed_is_liked_more_than_another_picture(
+    tmp_path: Any,
+) -> None:
+    """A crop of 24 x 26 of a 32 px picture, resized to 20 x 20 and saved as JPEG (quality 40),
+    aligned on the proposed box: within 6 grey levels RMS; a distinct picture of the same
+    layout, at its best box and offset, is not."""
+    from PIL import Image
+
+    image = picture(3)
+    crop = image.crop((5, 2, 29, 28)).resize((20, 20), Image.Resampling.BICUBIC)
+    crop.save(tmp_path / "c.jpg", quality=40)
+    copy = Image.open(tmp_path / "c.jpg").convert("L")
+    box = (5 / 32, 2 / 32, 29 / 32, 28 / 32)
+    assert likeness(image, copy, box) > 1 - 6 / 255
+    other = picture(4).crop((5, 2, 29, 28)).resize((20, 20), Image.Resampling.BICUBIC)
+    assert likeness(image, other, box) < 1 - 15 / 255
+
+
+def test_the_proposed_box_size_is_searched_around() -> None:
+    """The crop is 24 x 26 of 32 px: sides within 10% (4 px) of the proposal's are tried, so a
+    proposal off by 2 px each way still finds it exactly, one off by 6 px does not."""
+    image = picture(5)
+    crop = image.crop((4, 3, 28, 29))
+    near = (4 / 32, 3 / 32, 30 / 32, 31 / 32)  # 26 x 28: 2 px off
+    far = (0.0, 0.0, 30 / 32, 32 / 32)  # 30 x 32: 6 px off
+    assert likeness(image, crop, near) == pytest.approx(1.0, abs=0.5 / 255)
+    assert likeness(image, crop, far) < likeness(image, crop, near) - 2 / 255
+
+
+def test_working_size_caps_the_longer_side_and_keeps_the_aspect() -> None:
+    from PIL import Image
+
+    assert working(Image.new("RGB", (256, 128))).size == (WORK, WORK // 2)
+    assert working(Image.new("L", (30, 20))).size == (30, 20)
