@@ -283,7 +283,8 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
     nearest (every image of the set searched exactly: a rank far down the list is a copy that
     no check of the descriptor's few nearest could find), and how many pairs across splits
     that are not planted reach the cosines 98%, 95%, 90% and 80% of the copies reach with their
-    originals. The descriptor: audit's (the set's whitened thumbnails), or the vectors of an
+    originals. The descriptor: audit's (the set's whitened thumbnails, each candidate original
+    at its best crop box: the cosine audit proposes pairs by), or the vectors of an
     embed folder of planted.csv (`vectors`, e.g. ImageNet features: `pactl embed planted.csv
     --backbone timm:efficientnet_lite0`)."""
     from pactl.verbs.copies import CHANGES
@@ -294,12 +295,15 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
     at = {p: i for i, p in enumerate(paths)}
     with open(copies_csv, newline="") as f:
         pairs = [(at[r["copy"]], at[r["original"]], r["copy"]) for r in csv.DictReader(f)]
-    x = thumbnail_descriptors(paths) if vectors is None else embedded(vectors, at)
-    sims = x @ x.T
+    if vectors is None:
+        sims = thumbnail_similarities(paths)
+    else:
+        x = embedded(vectors, at)
+        sims = x @ x.T
     np.fill_diagonal(sims, -np.inf)
     print(
-        f"descriptor: {vectors or 'whitened thumbnails'}; rank of the original among its "
-        f"copy's nearest (0: nearest; of {len(paths):,} images):"
+        f"descriptor: {vectors or 'whitened thumbnails, the best of 225 boxes'}; rank of the "
+        f"original among its copy's nearest (0: nearest; of {len(paths):,} images):"
     )
     kinds = np.array([int(Path(name).stem) % len(CHANGES) for _, _, name in pairs])
     ranks = np.array([np.count_nonzero(sims[c] > sims[c, o]) for c, o, _ in pairs])
@@ -314,7 +318,8 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
     for c, o, _ in pairs:
         planted[c, o] = planted[o, c] = True
     upper = np.triu_indices(len(paths), 1)
-    cos, made, across = sims[upper], planted[upper], (splits[:, None] != splits[None])[upper]
+    either = np.maximum(sims, sims.T)  # a pair by its likelier direction
+    cos, made, across = either[upper], planted[upper], (splits[:, None] != splits[None])[upper]
     for share in (0.98, 0.95, 0.90, 0.80):
         cut = np.quantile(copy_cos, 1 - share)
         reported = (cos >= cut) & across
@@ -324,12 +329,21 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
         )
 
 
-def thumbnail_descriptors(paths: list[str]) -> np.ndarray:
-    """Audit's copy descriptor of each image, whitened on these images as audit does."""
-    from pactl.thumbnails import fit_whitening, read_pictures
+def thumbnail_similarities(paths: list[str]) -> np.ndarray:
+    """(N, N) float32: row c, column o, the best cosine of image c's whole descriptor to the
+    descriptor of one of audit's boxes of image o (the whole image among them), whitened on
+    these images as audit does: how audit proposes o as c's original."""
+    from pactl.thumbnails import BOXES, DIMS, box_thumbnails, fit_whitening, integral, read_pictures
 
-    pictures = read_pictures(paths)
-    return fit_whitening(pictures.thumbs, np.random.default_rng(0), pictures.read)(pictures.thumbs)
+    pictures = read_pictures(paths, keep_bases=True)
+    assert pictures.bases is not None
+    describe = fit_whitening(pictures.thumbs, np.random.default_rng(0), pictures.read, DIMS)
+    whole = describe(pictures.thumbs)
+    total = integral(pictures.bases)
+    sims = np.full((len(paths), len(paths)), -np.inf, dtype=np.float32)
+    for box in BOXES:
+        np.maximum(sims, whole @ describe(box_thumbnails(pictures.bases, box, total)).T, out=sims)
+    return sims
 
 
 def embedded(folder: Path, at: dict[str, int]) -> np.ndarray:
@@ -343,14 +357,18 @@ def embedded(folder: Path, at: dict[str, int]) -> np.ndarray:
 
 
 def copies_scale_mode(source: str, n: int, seed: int) -> None:
-    """The copy search's two costs at n items: thumbnails read per second from the set's images,
-    and a FAISS index of n unit descriptors searched in batches for each one's 10 nearest."""
+    """The copy search's costs at n items: thumbnails read per second and pairs aligned per
+    second on the set's images, and a FAISS index of n unit descriptors searched in batches for
+    each one's nearest, made into candidate pairs as audit does (copies.likeliest)."""
     import resource
 
+    from pactl.alignment import likeness, working
     from pactl.console import QUIET
     from pactl.datasets import load_source
-    from pactl.thumbnails import DIMS, read_pictures
-    from pactl.verbs.copies import neighbour_pairs
+    from pactl.images import load_image
+    from pactl.thumbnails import DIMS, WHOLE, read_pictures
+    from pactl.verbs.copies import ALIGN_MOST, CANDIDATES, likeliest
+    from pactl.verbs.labelled import cosine_index
 
     files = load_source(source, QUIET).files()[:3000]
     began = time.perf_counter()
@@ -358,23 +376,32 @@ def copies_scale_mode(source: str, n: int, seed: int) -> None:
     rate = len(files) / (time.perf_counter() - began)
     print(f"thumbnails: {rate:,.0f} images/s on {len(files):,} of {source} (one core)")
     rng = np.random.default_rng(seed)
+    images = [working(load_image(f)) for f in files[:600]]
+    began = time.perf_counter()
+    for a, b in zip(images[:300], images[300:], strict=True):
+        likeness(a, b, WHOLE)
+    per_pair = (time.perf_counter() - began) / 300
+    print(f"alignment: {per_pair * 1000:.2f} ms a pair (300 pairs of {source}, one core)")
     x = rng.standard_normal((n, DIMS), dtype=np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     began = time.perf_counter()
-    search = exact_neighbours(x)
+    nearest = cosine_index(x)
     built = time.perf_counter() - began
-    found = np.empty((n, 10), dtype=np.int64)
-    sims = np.empty((n, 10), dtype=np.float32)
+    found = []
     for start in range(0, n, 4096):
         rows = np.arange(start, min(start + 4096, n))
-        found[rows], sims[rows] = search(rows, 10)
+        sims, hits = nearest(x[rows], CANDIDATES + 1)
+        found.append((hits, np.broadcast_to(rows[:, None], hits.shape), sims, np.zeros_like(hits)))
     searched = time.perf_counter() - began - built
-    pairs = len(neighbour_pairs(found, sims)[0])
+    candidates = likeliest(found, np.zeros(n, dtype=bool), CANDIDATES)
+    paired = time.perf_counter() - began - built - searched
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(
-        f"{n:,} descriptors of {DIMS} floats: index built in {built:.1f} s, searched in "
-        f"{searched:.1f} s ({pairs:,} neighbour pairs); peak memory {peak:.2f} GiB; thumbnails "
-        f"of {n:,} images at the rate above: {n / rate / 60:.1f} min"
+        f"{n:,} descriptors of {DIMS} floats: index built in {built:.1f} s, searched for "
+        f"{CANDIDATES} nearest each in {searched:.1f} s, {len(candidates.copy):,} candidate pairs "
+        f"in {paired:.1f} s; peak memory {peak:.2f} GiB; thumbnails of {n:,} images at the rate "
+        f"above: {n / rate / 60:.1f} min; aligning at most {ALIGN_MOST:,} pairs: "
+        f"{ALIGN_MOST * per_pair / 60:.1f} min"
     )
 
 

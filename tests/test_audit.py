@@ -139,12 +139,12 @@ def test_likeliest_keeps_each_pair_once_at_its_best_and_each_copys_k_best() -> N
     copy 1 of 2 at 0.8 and of 3 at 0.85 (k = 2: 3 kept, 2 not), a row with itself, a missing
     hit (-1) and a blank row (4) left out."""
     found = [
-        (np.array([[0, 2]]), np.array([[1, 1]]), np.array([[0.9, 0.8]]), 0),
+        (np.array([[0, 2]]), np.array([[1, 1]]), np.array([[0.9, 0.8]]), np.array([[0, 0]])),
         (
             np.array([[0, 3, 1, -1, 4]]),
             np.array([[1, 1, 1, 1, 0]]),
             np.array([[0.95, 0.85, 1.0, 0.99, 0.99]]),
-            2,
+            np.full((1, 5), 2),
         ),
     ]
     blank = np.array([False, False, False, False, True])
@@ -450,3 +450,88 @@ def test_the_precise_cosine_counts_pairs_within_splits_as_the_false_ones_by_hand
     assert cosine == np.nextafter(np.float32(0.9), np.float32(np.inf)) and "x1.33" in words
     monkeypatch.setattr(copies, "COPY_FALSE", 0.5)
     assert copies.precise_cosine(data, pairs)[0] == pytest.approx(0.7)
+
+
+def test_at_most_align_most_candidate_pairs_are_aligned_the_likeliest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four candidate pairs reach the floor and ALIGN_MOST is 2: the two of the highest cosine
+    are aligned, stderr says how many reached
+    it, and a pair under the floor is never aligned."""
+    import io
+
+    from rich.console import Console
+
+    from pactl.console import Reporter
+    from pactl.verbs import copies
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(5):
+        smooth_image(rng).save(tmp_path / f"{i}.png")
+        paths.append(str(tmp_path / f"{i}.png"))
+    data = labelled(np.eye(5, 4, dtype=np.float32), list("abcde"), ["train"] * 5)
+    data.paths = paths
+    candidates = copies.Candidates(
+        original=np.array([0, 1, 2, 3, 0]),
+        copy=np.array([1, 2, 3, 4, 4]),
+        cosine=np.array([0.9, 0.95, 0.6, 0.99, 0.1], dtype=np.float32),
+        box=np.zeros(5, dtype=np.int64),
+    )
+    monkeypatch.setattr(copies, "ALIGN_MOST", 2)
+    said = io.StringIO()
+    low, high, _ = copies.aligned_pairs(data, candidates, 0.5, Reporter(Console(file=said)))
+    assert sorted(zip(low.tolist(), high.tolist(), strict=True)) == [(1, 2), (3, 4)]
+    assert "4 candidate pairs reach cosine 0.5000; the 2 likeliest are aligned" in said.getvalue()
+
+
+def test_audit_reads_a_benchmark_manifest_as_download_prepares_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CUB-200-2011 in its published layout (4 classes x 2 images, a local archive), prepared
+    as `pactl download` does; one test image replaced by a training image's bytes: `pactl audit
+    RUN --source` the prepared folder reports that pair as a leak and a conflict, by the
+    manifest's paths, splits and class names."""
+    from conftest import TINY
+    from test_benchmarks import _local_spec, _prepare, build_cub
+
+    archives, _ = build_cub(tmp_path)
+    folder, _ = _prepare(_local_spec("cub200", archives, None), tmp_path, tmp_path)
+    rows = read_csv(folder / "manifest.csv")
+    train = next(r for r in rows if r["split"] == "train")
+    test = next(r for r in rows if r["split"] == "test")
+    (folder / test["path"]).write_bytes((folder / train["path"]).read_bytes())
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    monkeypatch.chdir(tmp_path)
+    assert (
+        run_cli(
+            ["train", "imgs", "--epochs", "1", "--name", "t", *TINY, "-q"], monkeypatch, capsys
+        )[0]
+        == 0
+    )
+    code, out, err = run_cli(
+        ["audit", "runs/t", "--source", str(folder), "-f", "csv", "--top", "0"], monkeypatch, capsys
+    )
+    assert code == 0, err
+    found = {
+        (
+            r["kind"],
+            Path(r["path"]).name,
+            r["split"],
+            r["label"],
+            Path(r["other"]).name,
+            r["other_split"],
+        )
+        for r in read_csv_text(out)
+        if r["kind"] in ("leak", "conflict")
+    }
+    leak = (
+        "leak",
+        Path(test["path"]).name,
+        "test",
+        test["class_name"],
+        Path(train["path"]).name,
+        "train",
+    )
+    assert leak in found
+    assert any(k == "conflict" for k, *_ in found)

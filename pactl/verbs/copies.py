@@ -7,10 +7,10 @@ than the original's class-mates):
 
 - proposed by the thumbnail descriptor (pactl.thumbnails): every image's whole-image descriptor
   goes into a FAISS index (pactl.verbs.labelled.cosine_index); each image's k nearest are
-  candidates, and so are the PER_BOX nearest of the descriptor of each of BOXES of each image (a
-  crop of the image there), in sets of up to CROP_ITEMS images. Each copy keeps its k likeliest
-  originals, and those whose cosine reaches the one PROPOSED of the copies the audit makes reach
-  are aligned;
+  candidates (k: audit's --neighbours, at least CANDIDATES), and so are the PER_BOX nearest of
+  the descriptor of each of BOXES of each image (a crop of the image there), in sets of up to
+  CROP_ITEMS images. Each copy keeps its k likeliest originals, and those whose cosine reaches the one PROPOSED of the copies the audit makes reach
+  are aligned (the ALIGN_MOST likeliest where more do);
 - accepted by aligning the two images pixel by pixel (pactl.alignment): the likeness, 1 - the
   root-mean-square grey difference / 255 of the best placement.
 
@@ -51,6 +51,8 @@ COPY_FALSE = 0.01  # most share of the reported pairs estimated false
 IDENTICAL = 0.9999  # a likeness only the same picture reaches: always a copy
 CROP_ITEMS = 50_000  # sets up to this size are searched for crops, larger ones for whole copies
 PER_BOX = 3  # nearest taken for each box of each image
+CANDIDATES = 20  # likeliest originals kept for each image, at least
+ALIGN_MOST = 200_000  # candidate pairs aligned at most (the likeliest; about 2.7 ms each)
 CHANGES = ("resize", "crop", "jpeg", "all")
 
 
@@ -72,6 +74,9 @@ class Copy:
 
 
 Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # (low row, high row, likeness), each pair once
+
+
+Found = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # originals, copies, cosines, boxes
 
 
 @dataclass(frozen=True)
@@ -151,8 +156,9 @@ def find_copies(
     data: Labelled, k: int, given: float | None, batch_size: int, reporter: Reporter
 ) -> tuple[list[Copy], CopyThreshold | None]:
     """The leaks and conflicts among the candidates proposed by the thumbnail descriptor and
-    aligned, at the `given` likeness or one calibrated on the set (none: too few images read)."""
-    looks = look(data, k, batch_size, reporter)
+    aligned (each image's k likeliest originals, at least CANDIDATES), at the `given` likeness
+    or one calibrated on the set (none: too few images read)."""
+    looks = look(data, max(k, CANDIDATES), batch_size, reporter)
     if looks is None:
         reporter.log("copies: not looked for (fewer than 2 of the images can be read)")
         return [], None
@@ -194,34 +200,43 @@ def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks |
     bases, read = pictures.bases, pictures.read
     del pictures  # the thumbnails: 0.3 GiB at 1,000,000 images
     nearest = cosine_index(descriptors)
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []  # original, copy, cos, box
+    found: list[Found] = []
     for start in range(0, len(data), batch_size):
         rows = np.arange(start, min(start + batch_size, len(data)))
         sims, hits = nearest(descriptors[rows], k + 1)
-        found.append((hits, np.broadcast_to(rows[:, None], hits.shape), sims, 0))
+        found.append((hits, np.broadcast_to(rows[:, None], hits.shape), sims, np.zeros_like(hits)))
     if bases is not None:
+        boxes = np.arange(1, len(BOXES))
         with reporter.bar("looking in crop boxes", total=len(data)) as advance:
             for start in range(0, len(data), batch_size):
                 rows = np.arange(start, min(start + batch_size, len(data)))
                 total = integral(bases[rows])
-                for b in range(1, len(BOXES)):
-                    boxed = describe(box_thumbnails(bases[rows], BOXES[b], total))
-                    sims, hits = nearest(boxed, PER_BOX)
-                    found.append((np.broadcast_to(rows[:, None], hits.shape), hits, sims, b))
+                boxed = np.concatenate(
+                    [describe(box_thumbnails(bases[rows], BOXES[b], total)) for b in boxes]
+                )  # (boxes x rows, d), box by box
+                sims, hits = nearest(boxed, PER_BOX)
+                owner = np.tile(rows, len(boxes))[:, None]
+                box = np.repeat(boxes, len(rows))[:, None]
+                found.append(
+                    (
+                        np.broadcast_to(owner, hits.shape),
+                        hits,
+                        sims,
+                        np.broadcast_to(box, hits.shape),
+                    )
+                )
                 advance(len(rows))
     blank = ~np.any(descriptors != 0, axis=1) | ~read  # unread or uniform: matches nothing
     return Looks(describe, descriptors, bases, likeliest(found, blank, k))
 
 
-def likeliest(
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]], blank: np.ndarray, k: int
-) -> Candidates:
-    """Each pair of `found` (originals, copies, cosines, box) once, at its best cosine, and
+def likeliest(found: list[Found], blank: np.ndarray, k: int) -> Candidates:
+    """Each pair of `found` (originals, copies, cosines, boxes) once, at its best cosine, and
     each copy's k best originals; none where either row is `blank`, none of a row with itself."""
     original = np.concatenate([o.ravel() for o, _, _, _ in found])
     copy = np.concatenate([c.ravel() for _, c, _, _ in found])
     cosine = np.concatenate([s.ravel() for _, _, s, _ in found]).astype(np.float32)
-    box = np.concatenate([np.full(o.size, b, dtype=np.int64) for o, _, _, b in found])
+    box = np.concatenate([b.ravel() for _, _, _, b in found]).astype(np.int64)
     keep = (original >= 0) & (copy >= 0) & (original != copy)
     keep &= ~blank[np.maximum(original, 0)] & ~blank[np.maximum(copy, 0)]
     original, copy, cosine, box = original[keep], copy[keep], cosine[keep], box[keep]
@@ -277,8 +292,9 @@ def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
 def aligned_pairs(
     data: Labelled, candidates: Candidates, floor: float, reporter: Reporter
 ) -> Pairs:
-    """(low row, high row, likeness) of each candidate pair whose cosine reaches `floor`, once
-    (its best of the two directions); a pair with an unreadable image is left out."""
+    """(low row, high row, likeness) of each candidate pair whose cosine reaches `floor` (the
+    ALIGN_MOST likeliest where more do), once (its best of the two directions); a pair with an
+    unreadable image is left out."""
     from functools import lru_cache
 
     from pactl.alignment import likeness, working
@@ -293,6 +309,12 @@ def aligned_pairs(
             return None
 
     keep = np.flatnonzero(candidates.cosine >= floor)
+    if len(keep) > ALIGN_MOST:
+        reporter.log(
+            f"copies: {len(keep):,} candidate pairs reach cosine {floor:.4f}; the "
+            f"{ALIGN_MOST:,} likeliest are aligned"
+        )
+        keep = keep[np.argsort(-candidates.cosine[keep], kind="stable")[:ALIGN_MOST]]
     keep = keep[np.argsort(candidates.original[keep], kind="stable")]
     scores = np.full(len(keep), -np.inf)
     with reporter.bar("aligning candidate pairs", total=len(keep)) as advance:
