@@ -9,8 +9,9 @@ than the original's class-mates):
   goes into a FAISS index (pactl.verbs.labelled.cosine_index); each image's k nearest are
   candidates (k: audit's --neighbours, at least CANDIDATES), and so are the PER_BOX nearest of
   the descriptor of each of BOXES of each image (a crop of the image there), in sets of up to
-  CROP_ITEMS images. Each copy keeps its k likeliest originals, and those whose cosine reaches the one PROPOSED of the copies the audit makes reach
-  are aligned (the ALIGN_MOST likeliest where more do);
+  CROP_ITEMS images. Each copy keeps its k likeliest originals, and those whose cosine reaches
+  the one PROPOSED of the copies the audit makes reach are aligned (the ALIGN_MOST likeliest
+  where more do);
 - accepted by aligning the two images pixel by pixel (pactl.alignment): the likeness, 1 - the
   root-mean-square grey difference / 255 of the best placement.
 
