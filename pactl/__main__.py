@@ -1,3 +1,4 @@
 from pactl.cli import main
 
-main()
+if __name__ == "__main__":  # not when a worker process imports it
+    main()

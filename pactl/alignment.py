@@ -15,6 +15,7 @@ likeness = 1 - RMS / 255: 1 for the same picture, lower the more the aligned pix
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -92,3 +93,26 @@ def around(share: float, side: int) -> range:
     reach = int(np.ceil(REACH * side))
     guess = round(share * side)
     return range(max(guess - reach, int(np.ceil(LEAST * side)), 1), min(guess + reach, side) + 1)
+
+
+def likeness_of_pairs(pairs: Sequence[tuple[str, str, Box]]) -> np.ndarray:
+    """The likeness of each (original's path, copy's path, proposed box); NaN where either image
+    cannot be read. Images are read once each (a process pool's unit of work)."""
+    from pactl.images import ImageError, load_image
+
+    read: dict[str, Any] = {}
+
+    def picture(path: str) -> Any:
+        if path not in read:
+            try:
+                read[path] = working(load_image(path))
+            except ImageError:
+                read[path] = None
+        return read[path]
+
+    scores = np.full(len(pairs), np.nan)
+    for n, (first, second, box) in enumerate(pairs):
+        a, b = picture(first), picture(second)
+        if a is not None and b is not None:
+            scores[n] = likeness(a, b, box)
+    return scores

@@ -32,6 +32,8 @@ SIDE = 12  # the thumbnail's side in cells
 DIMS = 48  # whitened axes kept
 FIT_SAMPLE = 20_000  # thumbnails the whitening is fitted on, at most
 FLOOR = 1e-3  # spread added to each axis, as a share of the largest (noise is not detail)
+CHUNK = 2_000  # images a process reads at once
+PARALLEL_FROM = 8_000  # images from which processes share the reading
 Box = tuple[float, float, float, float]  # left, top, right, bottom, as shares of the sides
 WHOLE: Box = (0.0, 0.0, 1.0, 1.0)
 
@@ -114,24 +116,46 @@ class Pictures:
 
 
 def read_pictures(
-    paths: Sequence[str | Path], reporter: Reporter = QUIET, keep_bases: bool = False
+    paths: Sequence[str | Path],
+    reporter: Reporter = QUIET,
+    keep_bases: bool = False,
+    workers: int = 1,
 ) -> Pictures:
-    """The whole thumbnails of the images at `paths` (and their bases, with `keep_bases`)."""
+    """The whole thumbnails of the images at `paths` (and their bases, with `keep_bases`), read
+    by `workers` processes from PARALLEL_FROM images on (pactl.parallel)."""
+    from functools import partial
+
+    from pactl.parallel import in_chunks
+
+    with reporter.bar("reading thumbnails", total=len(paths)) as advance:
+        parts = in_chunks(
+            partial(read_chunk, keep_bases=keep_bases), list(paths), CHUNK, workers, advance,
+            PARALLEL_FROM,
+        )  # fmt: skip
+    if not parts:
+        parts = [read_chunk([], keep_bases)]
+    bases = [p.bases for p in parts if p.bases is not None]
+    return Pictures(
+        np.concatenate([p.thumbs for p in parts]),
+        np.concatenate([p.read for p in parts]),
+        np.concatenate(bases) if keep_bases else None,
+    )
+
+
+def read_chunk(paths: Sequence[str | Path], keep_bases: bool) -> Pictures:
+    """read_pictures of a few images, in this process."""
     thumbs = np.zeros((len(paths), SIDE * SIDE), dtype=np.float16)
     read = np.zeros(len(paths), dtype=bool)
     bases = np.zeros((len(paths), GRID, GRID), dtype=np.uint8) if keep_bases else None
-    with reporter.bar("reading thumbnails", total=len(paths)) as advance:
-        for i, path in enumerate(paths):
-            try:
-                b = base(load_image(path, target_size=GRID))
-            except ImageError:
-                advance(1)
-                continue
-            thumbs[i] = box_thumbnails(b[None])[0]
-            read[i] = True
-            if bases is not None:
-                bases[i] = b
-            advance(1)
+    for i, path in enumerate(paths):
+        try:
+            b = base(load_image(path, target_size=GRID))
+        except ImageError:
+            continue
+        thumbs[i] = box_thumbnails(b[None])[0]
+        read[i] = True
+        if bases is not None:
+            bases[i] = b
     return Pictures(thumbs, read, bases)
 
 

@@ -88,3 +88,28 @@ def test_working_size_caps_the_longer_side_and_keeps_the_aspect() -> None:
 
     assert working(Image.new("RGB", (256, 128))).size == (WORK, WORK // 2)
     assert working(Image.new("L", (30, 20))).size == (30, 20)
+
+
+def test_processes_align_the_same_as_one(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seven pairs (a copy, pictures against each other, an unreadable file) in chunks of 2
+    across 2 fresh processes: the same likeness as in this process, NaN for the unreadable."""
+    from pactl.console import QUIET
+    from pactl.verbs import copies
+
+    paths = []
+    for i in range(4):
+        picture(10 + i).save(tmp_path / f"{i}.png")
+        paths.append(str(tmp_path / f"{i}.png"))
+    picture(10).crop((2, 2, 30, 29)).save(tmp_path / "copy.png")
+    (tmp_path / "broken.png").write_bytes(b"not a picture")
+    pairs = [
+        (paths[0], str(tmp_path / "copy.png"), WHOLE),
+        (paths[0], str(tmp_path / "broken.png"), WHOLE),
+    ]
+    pairs += [(paths[i], paths[j], WHOLE) for i, j in ((0, 1), (1, 2), (2, 3), (3, 0), (1, 3))]
+    monkeypatch.setattr(copies, "CHUNK", 2)
+    monkeypatch.setattr(copies, "PARALLEL_FROM", 1)
+    here = copies.align(pairs, 1, QUIET)
+    apart = copies.align(pairs, 2, QUIET)
+    assert np.isnan(here[1]) and np.isnan(apart[1])
+    assert np.allclose(np.delete(here, 1), np.delete(apart, 1)) and here[0] > 0.97

@@ -535,3 +535,25 @@ def test_audit_reads_a_benchmark_manifest_as_download_prepares_it(
     )
     assert leak in found
     assert any(k == "conflict" for k, *_ in found)
+
+
+def test_thumbnails_read_by_processes_are_those_read_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seven pictures and an unreadable file, read in chunks of 3 by 2 processes: the same
+    thumbnails, read flags and bases as read in this process."""
+    from pactl import thumbnails
+
+    rng = np.random.default_rng(4)
+    paths = []
+    for i in range(7):
+        smooth_image(rng).save(tmp_path / f"{i}.png")
+        paths.append(str(tmp_path / f"{i}.png"))
+    (tmp_path / "bad.png").write_bytes(b"no")
+    paths.insert(3, str(tmp_path / "bad.png"))
+    monkeypatch.setattr(thumbnails, "CHUNK", 3)
+    monkeypatch.setattr(thumbnails, "PARALLEL_FROM", 1)
+    here = thumbnails.read_pictures(paths, keep_bases=True)
+    apart = thumbnails.read_pictures(paths, keep_bases=True, workers=2)
+    assert here.read.tolist() == apart.read.tolist() == [True] * 3 + [False] + [True] * 4
+    assert np.array_equal(here.thumbs, apart.thumbs) and np.array_equal(here.bases, apart.bases)

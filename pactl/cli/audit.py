@@ -79,6 +79,14 @@ def audit(
         ),
     ] = None,
     no_copies: Annotated[bool, typer.Option("--no-copies", help="Do not look for copies.")] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=64,
+            help="Processes aligning the copy candidates (0: one per core, at most 8).",
+        ),
+    ] = 0,
     sheet: Annotated[
         Path | None,
         typer.Option(
@@ -151,6 +159,7 @@ def audit(
         copy_threshold=copy_threshold,
         copies=not no_copies,
         device=device,
+        workers=workers,
     )
     result = run_audit(target, config, log)
     chosen = fmt.value if fmt else ("table" if out.is_terminal else "csv")

@@ -11,6 +11,7 @@ blend, the label they suggest instead, and how far it lies from every class and 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class AuditConfig:
     copies: bool = True  # look for copies across splits and under two labels
     device: str = "auto"  # where a run's network embeds
     batch_size: int = 4096  # items scored at once
+    workers: int = 0  # processes aligning copy candidates (0: one per core, at most 8)
 
 
 @dataclass
@@ -84,7 +86,8 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
         from pactl.verbs.copies import find_copies
 
         k, given = config.neighbours, config.copy_threshold
-        copies, threshold = find_copies(data, k, given, config.batch_size, reporter)
+        workers = config.workers or min(os.cpu_count() or 1, 8)
+        copies, threshold = find_copies(data, k, given, config.batch_size, reporter, workers)
     return AuditResult(data, scores, copies, threshold, witness, found, sims)
 
 

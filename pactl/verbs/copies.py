@@ -54,6 +54,8 @@ CROP_ITEMS = 50_000  # sets up to this size are searched for crops, larger ones 
 PER_BOX = 3  # nearest taken for each box of each image
 CANDIDATES = 20  # likeliest originals kept for each image, at least
 ALIGN_MOST = 200_000  # candidate pairs aligned at most (the likeliest; about 2.7 ms each)
+CHUNK = 500  # candidate pairs a process aligns at once
+PARALLEL_FROM = 4_000  # candidate pairs from which processes share the alignment
 CHANGES = ("resize", "crop", "jpeg", "all")
 
 
@@ -154,18 +156,23 @@ def write_copies(paths: list[str], folder: Path, seed: int) -> tuple[list[Path],
 
 
 def find_copies(
-    data: Labelled, k: int, given: float | None, batch_size: int, reporter: Reporter
+    data: Labelled,
+    k: int,
+    given: float | None,
+    batch_size: int,
+    reporter: Reporter,
+    workers: int = 1,
 ) -> tuple[list[Copy], CopyThreshold | None]:
     """The leaks and conflicts among the candidates proposed by the thumbnail descriptor and
-    aligned (each image's k likeliest originals, at least CANDIDATES), at the `given` likeness
-    or one calibrated on the set (none: too few images read)."""
-    looks = look(data, max(k, CANDIDATES), batch_size, reporter)
+    aligned (each image's k likeliest originals, at least CANDIDATES; by `workers` processes),
+    at the `given` likeness or one calibrated on the set (none: too few images read)."""
+    looks = look(data, max(k, CANDIDATES), batch_size, reporter, workers)
     if looks is None:
         reporter.log("copies: not looked for (fewer than 2 of the images can be read)")
         return [], None
     made = made_copies(data, looks, seed=0)
     floor = float(np.quantile(made.cosines, 1 - PROPOSED, method="lower"))
-    pairs = aligned_pairs(data, looks.candidates, floor, reporter)
+    pairs = aligned_pairs(data, looks.candidates, floor, reporter, workers)
     if given is not None:
         threshold = CopyThreshold(given, f"{given:.4f} likeness (given)")
     else:
@@ -179,14 +186,17 @@ def find_copies(
     return copy_pairs(data, pairs, threshold.cosine), threshold
 
 
-def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks | None:
-    """Every row's descriptor and the candidate pairs: each row's k nearest whole images, and
-    the PER_BOX nearest of each box of it (up to CROP_ITEMS rows), through a FAISS index of the
-    whole descriptors, in batches (None: fewer than 2 images read)."""
+def look(
+    data: Labelled, k: int, batch_size: int, reporter: Reporter, workers: int = 1
+) -> Looks | None:
+    """Every row's descriptor (the images read by `workers` processes) and the candidate pairs:
+    each row's k nearest whole images, and the PER_BOX nearest of each box of it (up to
+    CROP_ITEMS rows), through a FAISS index of the whole descriptors, in batches (None: fewer
+    than 2 images read)."""
     from pactl.thumbnails import BOXES, DIMS, box_thumbnails, fit_whitening, integral, read_pictures
     from pactl.verbs.labelled import cosine_index
 
-    pictures = read_pictures(data.paths, reporter, keep_bases=len(data) <= CROP_ITEMS)
+    pictures = read_pictures(data.paths, reporter, len(data) <= CROP_ITEMS, workers)
     if pictures.read.sum() < 2:
         return None
     if not pictures.read.all():
@@ -205,7 +215,9 @@ def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks |
     for start in range(0, len(data), batch_size):
         rows = np.arange(start, min(start + batch_size, len(data)))
         sims, hits = nearest(descriptors[rows], k + 1)
-        found.append((hits, np.broadcast_to(rows[:, None], hits.shape), sims, np.zeros_like(hits)))
+        found.append(
+            (hits, np.broadcast_to(rows[:, None], hits.shape), sims, np.zeros(hits.shape, np.int16))
+        )
     if bases is not None:
         boxes = np.arange(1, len(BOXES))
         with reporter.bar("looking in crop boxes", total=len(data)) as advance:
@@ -217,7 +229,7 @@ def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks |
                 )  # (boxes x rows, d), box by box
                 sims, hits = nearest(boxed, PER_BOX)
                 owner = np.tile(rows, len(boxes))[:, None]
-                box = np.repeat(boxes, len(rows))[:, None]
+                box = np.repeat(boxes.astype(np.int16), len(rows))[:, None]
                 found.append(
                     (
                         np.broadcast_to(owner, hits.shape),
@@ -233,24 +245,34 @@ def look(data: Labelled, k: int, batch_size: int, reporter: Reporter) -> Looks |
 
 def likeliest(found: list[Found], blank: np.ndarray, k: int) -> Candidates:
     """Each pair of `found` (originals, copies, cosines, boxes) once, at its best cosine, and
-    each copy's k best originals; none where either row is `blank`, none of a row with itself."""
-    original = np.concatenate([o.ravel() for o, _, _, _ in found])
-    copy = np.concatenate([c.ravel() for _, c, _, _ in found])
-    cosine = np.concatenate([s.ravel() for _, _, s, _ in found]).astype(np.float32)
-    box = np.concatenate([b.ravel() for _, _, _, b in found]).astype(np.int64)
-    keep = (original >= 0) & (copy >= 0) & (original != copy)
-    keep &= ~blank[np.maximum(original, 0)] & ~blank[np.maximum(copy, 0)]
-    original, copy, cosine, box = original[keep], copy[keep], cosine[keep], box[keep]
-    order = np.lexsort((-cosine, original, copy))  # each pair's best first
-    pair = np.stack([copy[order], original[order]], axis=1)
-    _, first = np.unique(pair, axis=0, return_index=True)
-    best = order[first]
+    each copy's k best originals; none where either row is `blank`, none of a row with itself.
+    Rows are held as int32 and pairs sorted by one int64 key (20,000,000 pairs at 1,000,000
+    images)."""
+    parts = []
+    for o, c, s, b in found:
+        o, c, s, b = o.ravel(), c.ravel(), s.ravel(), b.ravel()
+        keep = (o >= 0) & (c >= 0) & (o != c)
+        keep &= ~blank[np.maximum(o, 0)] & ~blank[np.maximum(c, 0)]
+        parts.append((o[keep].astype(np.int32), c[keep].astype(np.int32), s[keep], b[keep]))
+    original = np.concatenate([o for o, _, _, _ in parts])
+    copy = np.concatenate([c for _, c, _, _ in parts])
+    cosine = np.concatenate([s for _, _, s, _ in parts]).astype(np.float32)
+    box = np.concatenate([b for _, _, _, b in parts]).astype(np.int16)
+    del parts
+    key = copy.astype(np.int64) * len(blank) + original
+    order = np.lexsort((-cosine, key))  # each pair's best first
+    ordered = key[order]
+    best = order[np.r_[True, ordered[1:] != ordered[:-1]]]
+    del key, order, ordered
     order = best[np.lexsort((-cosine[best], copy[best]))]  # each copy's best originals first
     group = copy[order]
     starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
     rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
     chosen = order[rank < k]
-    return Candidates(original[chosen], copy[chosen], cosine[chosen], box[chosen])
+    return Candidates(
+        original[chosen].astype(np.int64), copy[chosen].astype(np.int64), cosine[chosen],
+        box[chosen].astype(np.int64),
+    )  # fmt: skip
 
 
 def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
@@ -291,23 +313,13 @@ def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
 
 
 def aligned_pairs(
-    data: Labelled, candidates: Candidates, floor: float, reporter: Reporter
+    data: Labelled, candidates: Candidates, floor: float, reporter: Reporter, workers: int = 1
 ) -> Pairs:
     """(low row, high row, likeness) of each candidate pair whose cosine reaches `floor` (the
-    ALIGN_MOST likeliest where more do), once (its best of the two directions); a pair with an
-    unreadable image is left out."""
-    from functools import lru_cache
-
-    from pactl.alignment import likeness, working
-    from pactl.images import ImageError, load_image
+    ALIGN_MOST likeliest where more do), once (its best of the two directions), aligned by
+    `workers` processes (in this one below PARALLEL_FROM pairs); a pair with an unreadable
+    image is left out."""
     from pactl.thumbnails import BOXES
-
-    @lru_cache(maxsize=50_000)
-    def picture(row: int) -> Any:
-        try:
-            return working(load_image(data.paths[row]))
-        except ImageError:
-            return None
 
     keep = np.flatnonzero(candidates.cosine >= floor)
     if len(keep) > ALIGN_MOST:
@@ -316,14 +328,18 @@ def aligned_pairs(
             f"{ALIGN_MOST:,} likeliest are aligned"
         )
         keep = keep[np.argsort(-candidates.cosine[keep], kind="stable")[:ALIGN_MOST]]
-    keep = keep[np.argsort(candidates.original[keep], kind="stable")]
-    scores = np.full(len(keep), -np.inf)
-    with reporter.bar("aligning candidate pairs", total=len(keep)) as advance:
-        for n, i in enumerate(keep.tolist()):
-            a, b = picture(int(candidates.original[i])), picture(int(candidates.copy[i]))
-            if a is not None and b is not None:
-                scores[n] = likeness(a, b, BOXES[int(candidates.box[i])])
-            advance(1)
+    keep = keep[np.argsort(candidates.original[keep], kind="stable")]  # originals read once
+    paths = data.paths
+    items = [
+        (str(paths[o]), str(paths[c]), BOXES[b])
+        for o, c, b in zip(
+            candidates.original[keep].tolist(),
+            candidates.copy[keep].tolist(),
+            candidates.box[keep].tolist(),
+            strict=True,
+        )
+    ]
+    scores = align(items, workers, reporter)
     first, second = candidates.original[keep], candidates.copy[keep]
     low, high, ok = np.minimum(first, second), np.maximum(first, second), np.isfinite(scores)
     low, high, scores = low[ok], high[ok], scores[ok]
@@ -332,6 +348,17 @@ def aligned_pairs(
     _, at = np.unique(pair, axis=0, return_index=True)
     chosen = order[at]
     return low[chosen], high[chosen], scores[chosen].astype(np.float32)
+
+
+def align(items: list[Any], workers: int, reporter: Reporter) -> np.ndarray:
+    """pactl.alignment.likeness_of_pairs over `items`, CHUNK at a time, in `workers` processes
+    where there are PARALLEL_FROM items or more."""
+    from pactl.alignment import likeness_of_pairs
+    from pactl.parallel import in_chunks
+
+    with reporter.bar("aligning candidate pairs", total=len(items)) as advance:
+        parts = in_chunks(likeness_of_pairs, items, CHUNK, workers, advance, PARALLEL_FROM)
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def calibrate_copies(data: Labelled, made: Made, floor: float, pairs: Pairs) -> CopyThreshold:
