@@ -370,7 +370,8 @@ def copies_scale_mode(source: str, n: int, seed: int) -> None:
     from pactl.verbs.copies import ALIGN_MOST, CANDIDATES, likeliest
     from pactl.verbs.labelled import cosine_index
 
-    files = load_source(source, QUIET).files()[:16000]
+    files = load_source(source, QUIET).files()
+    files = (files * (16000 // len(files) + 1))[:16000]  # enough for the processes to share
     workers = min(os.cpu_count() or 1, 8)  # as audit's --workers 0
     began = time.perf_counter()
     read_pictures(files, workers=workers)
