@@ -394,14 +394,11 @@ def smooth_image(rng: np.random.Generator, side: int = 48) -> Any:
     return Image.fromarray(small).resize((side, side), Image.Resampling.BICUBIC)
 
 
-def test_resized_cropped_and_recompressed_copies_across_splits_are_found(tmp_path: Path) -> None:
-    """48 training pictures of 8 classes, 24 distinct test pictures; the test split also holds
-    a resized, a cropped and a JPEG copy of three training pictures (the last under another
-    label) and a distinct picture of a training class: at the calibrated threshold the three
-    copies are found, the class-mate is not, and nothing else is reported."""
+def planted_set(tmp_path: Path) -> Labelled:
+    """48 training pictures of 8 classes, 24 distinct test pictures; in the test split also a
+    resized (row 72), a cropped (73) and a JPEG (74, under another label) copy of training
+    pictures 0, 7 and 14, and a distinct picture of class c0 (75)."""
     from PIL import Image
-
-    from pactl.verbs.copies import find_copies
 
     rng = np.random.default_rng(3)
     rows: list[tuple[str, str, str]] = []
@@ -423,6 +420,17 @@ def test_resized_cropped_and_recompressed_copies_across_splits_are_found(tmp_pat
     paths, labels, splits = (list(x) for x in zip(*rows, strict=True))
     data = labelled(np.eye(len(rows), 4, dtype=np.float32), labels, splits)
     data.paths = paths
+    return data
+
+
+def test_resized_cropped_and_recompressed_copies_across_splits_are_found(tmp_path: Path) -> None:
+    """48 training pictures of 8 classes, 24 distinct test pictures; the test split also holds
+    a resized, a cropped and a JPEG copy of three training pictures (the last under another
+    label) and a distinct picture of a training class: at the calibrated threshold the three
+    copies are found, the class-mate is not, and nothing else is reported."""
+    from pactl.verbs.copies import find_copies
+
+    data = planted_set(tmp_path)
     copies, threshold = find_copies(data, 5, None, 16, QUIET)
     found = {(c.kind, c.row, c.other) for c in copies}
     assert found == {("leak", 72, 0), ("leak", 73, 7), ("leak", 74, 14), ("conflict", 14, 74)}
@@ -557,3 +565,28 @@ def test_thumbnails_read_by_processes_are_those_read_here(
     apart = thumbnails.read_pictures(paths, keep_bases=True, workers=2)
     assert here.read.tolist() == apart.read.tolist() == [True] * 3 + [False] + [True] * 4
     assert np.array_equal(here.thumbs, apart.thumbs) and np.array_equal(here.bases, apart.bases)
+
+
+def test_without_crop_boxes_whole_copies_are_still_found_and_the_floor_ignores_crops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set of the test above with crop boxes off (as above CROP_ITEMS images): the resized
+    and the JPEG copies are found; the floor candidates must reach is the 1st percentile of
+    the resized and recompressed copies made, not lowered by the crops' whole-image cosines."""
+    from pactl.verbs import copies
+
+    data = planted_set(tmp_path)
+    monkeypatch.setattr(copies, "CROP_ITEMS", 0)
+    floors: list[float] = []
+    real = copies.proposal_floor
+
+    def spy(made: Any, crops: bool) -> float:
+        floors.append(real(made, crops))
+        whole = ~np.isin(made.changes, ("crop", "all"))
+        assert not crops and floors[-1] == np.quantile(made.cosines[whole], 0.01, method="lower")
+        assert floors[-1] > np.quantile(made.cosines, 0.01, method="lower")
+        return floors[-1]
+
+    monkeypatch.setattr(copies, "proposal_floor", spy)
+    found = {(c.kind, c.row, c.other) for c in copies.find_copies(data, 5, None, 16, QUIET)[0]}
+    assert {("leak", 72, 0), ("leak", 74, 14)} <= found and floors

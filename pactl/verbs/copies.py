@@ -171,7 +171,7 @@ def find_copies(
         reporter.log("copies: not looked for (fewer than 2 of the images can be read)")
         return [], None
     made = made_copies(data, looks, seed=0)
-    floor = float(np.quantile(made.cosines, 1 - PROPOSED, method="lower"))
+    floor = proposal_floor(made, crops=looks.bases is not None)
     pairs = aligned_pairs(data, looks.candidates, floor, reporter, workers)
     if given is not None:
         threshold = CopyThreshold(given, f"{given:.4f} likeness (given)")
@@ -184,6 +184,14 @@ def find_copies(
         f"{PROPOSED:.0%} of the copies made are) aligned pixel by pixel: {threshold.how}"
     )
     return copy_pairs(data, pairs, threshold.cosine), threshold
+
+
+def proposal_floor(made: Made, crops: bool) -> float:
+    """The cosine PROPOSED of the copies made reach (of the resized and recompressed ones only
+    where crops are not looked for: a crop's whole-image cosine would only lower it)."""
+    whole = crops or ~np.isin(made.changes, ("crop", "all"))
+    cosines = made.cosines[whole] if np.any(whole) else made.cosines
+    return float(np.quantile(cosines, 1 - PROPOSED, method="lower"))
 
 
 def look(
