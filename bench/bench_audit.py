@@ -6,6 +6,7 @@ audit of 1,000,000 items through a bundle's FAISS index.
     python bench/bench_audit.py scale --work /tmp/audit-1m [--n 1000000 --dim 512]
     python bench/bench_audit.py copies-scale --set /tmp/pactl-real/fashion [--n 1000000]
     python bench/bench_audit.py descriptor --work /tmp/copies [--vectors EMBED_FOLDER]
+    python bench/bench_audit.py lookalikes --work /tmp/copies
 
 labels: each RUN trained with --label-noise (noise.csv lists the changed rows) is audited on the
 labels it trained with; among its training rows, every score's ranking of the changed labels:
@@ -26,6 +27,10 @@ retrain: each RUN's K most doubted training rows (K: as many as its noise change
 PRISM's drop share is set to; `pactl audit --drop-top K`) left out of a manifest (audit
 --write-manifest's, the test rows all kept) and the run's recipe trained on it again: its last
 Recall@1 beside the noisy run's.
+
+lookalikes: on the set a `copies` run planted in --work, audit's copy search in process, and the
+aligned pairs within one split (distinct images, not leaks) that reach the likeness 98% of
+the copies audit makes reach: how many, and whether their pixels differ.
 
 descriptor: for the copies a `copies` run planted in --work, where each original ranks among its
 copy's nearest by audit's descriptor (or by the vectors of --vectors, an embed folder of
@@ -329,6 +334,42 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
         )
 
 
+def lookalikes_mode(planted_csv: Path, seed: int) -> None:
+    """Audit's two copy steps on planted.csv, in process: how many aligned pairs within one
+    split reach the likeness 98% of the copies audit makes reach (pairs that are not the same
+    picture: they cannot be planted leaks), and of 300 of them drawn, how many differ by more
+    than 8 of 255 at some pixel and how many share a label."""
+    from pactl.console import QUIET
+    from pactl.verbs import copies
+    from pactl.verbs.labelled import encode
+
+    with open(planted_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    codes, names = encode([r["label"] for r in rows])
+    data = Labelled(
+        paths=[r["path"] for r in rows], codes=codes, names=names,
+        splits=[r["split"] for r in rows], vectors=None, neighbours=None, proxies=None,
+        what=str(planted_csv),
+    )  # fmt: skip
+    workers = min(os.cpu_count() or 1, 8)
+    looks = copies.look(data, copies.CANDIDATES, 4096, QUIET, workers)
+    assert looks is not None
+    made = copies.made_copies(data, looks, seed=0)
+    floor = copies.proposal_floor(made, crops=looks.bases is not None)
+    low, high, score = copies.aligned_pairs(data, looks.candidates, floor, QUIET, workers)
+    reach = float(np.quantile(made.likeness, 1 - copies.COPY_RECALL, method="lower"))
+    within = np.array([data.splits[a] == data.splits[b] for a, b in zip(low, high, strict=True)])
+    chosen = np.flatnonzero(within & (score >= reach) & (score < copies.IDENTICAL))
+    drawn = np.random.default_rng(seed).choice(chosen, min(300, len(chosen)), replace=False)
+    differ = np.mean([not same_pixels(data.paths[low[i]], data.paths[high[i]]) for i in drawn])
+    same = np.mean([codes[low[i]] == codes[high[i]] for i in drawn])
+    print(
+        f"{within.sum():,} aligned pairs within a split; {len(chosen):,} of them (not identical) "
+        f"at or above {reach:.4f}, the likeness 98% of the copies made reach; of {len(drawn)} "
+        f"drawn: {differ:.2f} differ by more than 8 of 255 at some pixel, {same:.2f} share a label"
+    )
+
+
 def thumbnail_similarities(paths: list[str]) -> np.ndarray:
     """(N, N) float32: row c, column o, the best cosine of image c's whole descriptor to the
     descriptor of one of audit's boxes of image o (the whole image among them), whitened on
@@ -470,7 +511,16 @@ def report_scale(stderr: str, work: Path, moved: np.ndarray) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "mode", choices=("labels", "copies", "copies-scale", "scale", "retrain", "descriptor")
+        "mode",
+        choices=(
+            "labels",
+            "copies",
+            "copies-scale",
+            "scale",
+            "retrain",
+            "descriptor",
+            "lookalikes",
+        ),
     )
     p.add_argument("runs", nargs="*", type=Path)
     p.add_argument("--set", dest="source", default="/tmp/pactl-real/fonts28")
@@ -495,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
         copies_scale_mode(args.source, args.n, args.seed)
     elif args.mode == "descriptor":
         original_ranks(args.work / "planted.csv", args.work / "copies.csv", args.vectors)
+    elif args.mode == "lookalikes":
+        lookalikes_mode(args.work / "planted.csv", args.seed)
     else:
         scale_mode(args.work, args.n, args.dim, args.seed)
     return 0
