@@ -23,9 +23,7 @@ import numpy as np
 from pactl.thumbnails import Box
 
 WORK = 64  # longest side images are compared at, in pixels
-BLUR = (
-    1.2  # Gaussian both are blurred by, in the original's pixels (more where the copy is smaller)
-)
+BLUR = 1.2  # both images' Gaussian, in the original's pixels (more where the copy is smaller)
 MARGIN = 2.0  # the template's edge left out, in blurs
 REACH = 0.1  # box sizes tried each side of the proposed one, as a share of the side
 LEAST = 0.7  # the smallest box tried, as a share of each side
