@@ -283,7 +283,7 @@ class Finding:
 
 def findings(result: AuditResult, top: int) -> list[list[Finding]]:
     """The four lists, each its first `top` rows (0: all): suspected labels by doubt, outliers,
-    leaks and conflicts by cosine."""
+    leaks and conflicts by likeness (their score)."""
     data, scores = result.data, result.scores
 
     def name(code: int) -> str:
