@@ -189,7 +189,7 @@ def find_copies(
 def proposal_floor(made: Made, crops: bool) -> float:
     """The cosine PROPOSED of the copies made reach (of the resized and recompressed ones only
     where crops are not looked for: a crop's whole-image cosine would only lower it)."""
-    whole = crops or ~np.isin(made.changes, ("crop", "all"))
+    whole = np.full(len(made.changes), crops) | ~np.isin(made.changes, ("crop", "all"))
     cosines = made.cosines[whole] if np.any(whole) else made.cosines
     return float(np.quantile(cosines, 1 - PROPOSED, method="lower"))
 
@@ -267,11 +267,7 @@ def likeliest(found: list[Found], blank: np.ndarray, k: int) -> Candidates:
     cosine = np.concatenate([s for _, _, s, _ in parts]).astype(np.float32)
     box = np.concatenate([b for _, _, _, b in parts]).astype(np.int16)
     del parts
-    key = copy.astype(np.int64) * len(blank) + original
-    order = np.lexsort((-cosine, key))  # each pair's best first
-    ordered = key[order]
-    best = order[np.r_[True, ordered[1:] != ordered[:-1]]]
-    del key, order, ordered
+    best = best_of_each(copy.astype(np.int64) * len(blank) + original, cosine)
     order = best[np.lexsort((-cosine[best], copy[best]))]  # each copy's best originals first
     group = copy[order]
     starts = np.r_[0, np.flatnonzero(group[1:] != group[:-1]) + 1]
@@ -283,13 +279,20 @@ def likeliest(found: list[Found], blank: np.ndarray, k: int) -> Candidates:
     )  # fmt: skip
 
 
+def best_of_each(key: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """The position of the highest `score` of each distinct `key` (int64; the first of ties),
+    in increasing key order."""
+    order = np.lexsort((-score, key))
+    ordered = key[order]
+    return order[np.r_[True, ordered[1:] != ordered[:-1]]]
+
+
 def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
     """Copies made of COPY_SAMPLE of the rows read (write_copies), and how the two steps see
     each: its whole descriptor's best cosine to a box of its row (the whole image alone where
     no bases were kept), and its likeness aligned on that box."""
-    from pactl.alignment import likeness, working
-    from pactl.images import load_image
-    from pactl.thumbnails import BOXES, box_thumbnails, read_pictures
+    from pactl.alignment import likeness_of_pairs
+    from pactl.thumbnails import BOXES, box_thumbnails, integral, read_pictures
 
     rng = np.random.default_rng(seed)
     seen = np.flatnonzero(np.any(looks.descriptors != 0, axis=1))
@@ -297,25 +300,26 @@ def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
     with tempfile.TemporaryDirectory(prefix="pactl-copies-") as tmp:
         files, kept = write_copies([data.paths[i] for i in sample.tolist()], Path(tmp), seed)
         pictures = read_pictures(files)
-        made_files = [f for f, ok in zip(files, pictures.read.tolist(), strict=True) if ok]
-        images = [working(load_image(f)) for f in made_files]
-    made = np.asarray(kept, dtype=np.int64)[pictures.read]
-    if len(made) < 2:
-        raise PactlError(f"{data.what}: too few readable images to calibrate copies on")
-    rows = sample[made]
-    copied = looks.describe(pictures.thumbs[pictures.read])
-    if looks.bases is None:
-        cosines = np.einsum("ij,ij->i", copied, looks.descriptors[rows])[None]
-    else:
-        cosines = np.stack(
-            [np.einsum("ij,ij->i", copied, looks.describe(box_thumbnails(looks.bases[rows], b)))
-             for b in BOXES]
+        made = np.asarray(kept, dtype=np.int64)[pictures.read]
+        if len(made) < 2:
+            raise PactlError(f"{data.what}: too few readable images to calibrate copies on")
+        rows = sample[made]
+        copied = looks.describe(pictures.thumbs[pictures.read])
+        if looks.bases is None:
+            cosines = np.einsum("ij,ij->i", copied, looks.descriptors[rows])[None]
+        else:
+            bases = looks.bases[rows]
+            total = integral(bases)
+            cosines = np.stack(
+                [np.einsum("ij,ij->i", copied, looks.describe(box_thumbnails(bases, b, total)))
+                 for b in BOXES]
+            )  # fmt: skip
+        box = np.argmax(cosines, axis=0)
+        made_files = [str(f) for f, ok in zip(files, pictures.read.tolist(), strict=True) if ok]
+        alike = likeness_of_pairs(
+            [(str(data.paths[r]), f, BOXES[b])
+             for r, f, b in zip(rows.tolist(), made_files, box.tolist(), strict=True)]
         )  # fmt: skip
-    box = np.argmax(cosines, axis=0)
-    alike = np.array(
-        [likeness(working(load_image(data.paths[r])), image, BOXES[b])
-         for r, image, b in zip(rows.tolist(), images, box.tolist(), strict=True)]
-    )  # fmt: skip
     changes = np.array([CHANGES[i % len(CHANGES)] for i in made.tolist()])
     return Made(rows, cosines.max(axis=0), alike, changes)
 
@@ -351,10 +355,7 @@ def aligned_pairs(
     first, second = candidates.original[keep], candidates.copy[keep]
     low, high, ok = np.minimum(first, second), np.maximum(first, second), np.isfinite(scores)
     low, high, scores = low[ok], high[ok], scores[ok]
-    order = np.lexsort((-scores, high, low))
-    pair = np.stack([low[order], high[order]], axis=1)
-    _, at = np.unique(pair, axis=0, return_index=True)
-    chosen = order[at]
+    chosen = best_of_each(low * len(data) + high, scores)
     return low[chosen], high[chosen], scores[chosen].astype(np.float32)
 
 
