@@ -394,6 +394,15 @@ def smooth_image(rng: np.random.Generator, side: int = 48) -> Any:
     return Image.fromarray(small).resize((side, side), Image.Resampling.BICUBIC)
 
 
+def smooth_files(folder: Path, n: int, seed: int) -> list[str]:
+    """n seeded smooth_image pictures saved as folder/0.png, 1.png, ...: their paths."""
+    rng = np.random.default_rng(seed)
+    paths = [str(folder / f"{i}.png") for i in range(n)]
+    for path in paths:
+        smooth_image(rng).save(path)
+    return paths
+
+
 def planted_set(tmp_path: Path) -> Labelled:
     """48 training pictures of 8 classes, 24 distinct test pictures; in the test split also a
     resized (row 72), a cropped (73) and a JPEG (74, under another label) copy of training
@@ -464,8 +473,7 @@ def test_at_most_align_most_candidate_pairs_are_aligned_the_likeliest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Four candidate pairs reach the floor and ALIGN_MOST is 2: the two of the highest cosine
-    are aligned, stderr says how many reached
-    it, and a pair under the floor is never aligned."""
+    are aligned, stderr says how many reached it, and a pair under the floor is never aligned."""
     import io
 
     from rich.console import Console
@@ -473,11 +481,7 @@ def test_at_most_align_most_candidate_pairs_are_aligned_the_likeliest(
     from pactl.console import Reporter
     from pactl.verbs import copies
 
-    rng = np.random.default_rng(0)
-    paths = []
-    for i in range(5):
-        smooth_image(rng).save(tmp_path / f"{i}.png")
-        paths.append(str(tmp_path / f"{i}.png"))
+    paths = smooth_files(tmp_path, 5, seed=0)
     data = labelled(np.eye(5, 4, dtype=np.float32), list("abcde"), ["train"] * 5)
     data.paths = paths
     candidates = copies.Candidates(
@@ -552,11 +556,7 @@ def test_thumbnails_read_by_processes_are_those_read_here(
     thumbnails, read flags and bases as read in this process."""
     from pactl import thumbnails
 
-    rng = np.random.default_rng(4)
-    paths = []
-    for i in range(7):
-        smooth_image(rng).save(tmp_path / f"{i}.png")
-        paths.append(str(tmp_path / f"{i}.png"))
+    paths = smooth_files(tmp_path, 7, seed=4)
     (tmp_path / "bad.png").write_bytes(b"no")
     paths.insert(3, str(tmp_path / "bad.png"))
     monkeypatch.setattr(thumbnails, "CHUNK", 3)
