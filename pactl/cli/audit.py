@@ -84,7 +84,9 @@ def audit(
         typer.Option(
             min=0,
             max=64,
-            help="Processes aligning the copy candidates (0: one per core, at most 8).",
+            metavar="N",
+            help="Processes reading the thumbnails and aligning the copy candidates (0: one per "
+            "core, at most 8).",
         ),
     ] = 0,
     sheet: Annotated[

@@ -37,7 +37,7 @@ class AuditConfig:
     copies: bool = True  # look for copies across splits and under two labels
     device: str = "auto"  # where a run's network embeds
     batch_size: int = 4096  # items scored at once
-    workers: int = 0  # processes aligning copy candidates (0: one per core, at most 8)
+    workers: int = 0  # processes reading thumbnails, aligning copies (0: one per core, up to 8)
 
 
 @dataclass
