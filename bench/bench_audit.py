@@ -62,10 +62,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-from pactl import doubt  # noqa: E402
+from pactl.audit import doubt  # noqa: E402
 from pactl.console import Reporter  # noqa: E402
 from pactl.verbs.audit import AuditConfig, choose_centres, score_rows  # noqa: E402
-from pactl.verbs.labelled import Labelled, exact_neighbours, read_run  # noqa: E402
+from pactl.verbs.audit_inputs import Labelled, read_run, row_neighbours  # noqa: E402
 
 VARIANTS = (  # name, --score, --centres
     ("classes: proxies", "classes", "proxies"),
@@ -141,7 +141,7 @@ def train_rows_only(data: Labelled, train: np.ndarray) -> Labelled:
         names=data.names,
         splits=["train"] * len(rows),
         vectors=lambda r: vectors[r],
-        neighbours=exact_neighbours(vectors),
+        neighbours=row_neighbours(vectors),
         proxies=None,
     )
 
@@ -210,9 +210,9 @@ def plant_copies(source: str, work: Path, count: int, seed: int) -> Path:
     images added to the test split; copies.csv: (copy, original)."""
     from PIL import Image
 
+    from pactl.audit.copies import CHANGES, changed_copy
     from pactl.console import QUIET
     from pactl.datasets import load_source
-    from pactl.verbs.copies import CHANGES, changed_copy
 
     m = load_source(source, QUIET)
     rng = np.random.default_rng(seed)
@@ -255,7 +255,7 @@ def same_pixels(a: str, b: str) -> bool:
 def copies_mode(
     run: Path, source: str, work: Path, count: int, seed: int, threshold: float | None
 ) -> None:
-    from pactl.verbs.copies import CHANGES
+    from pactl.audit.copies import CHANGES
 
     planted_csv = plant_copies(source, work, count, seed)
     with open(work / "copies.csv", newline="") as f:
@@ -292,7 +292,7 @@ def original_ranks(planted_csv: Path, copies_csv: Path, vectors: Path | None = N
     at its best crop box: the cosine audit proposes pairs by), or the vectors of an
     embed folder of planted.csv (`vectors`, e.g. ImageNet features: `pactl embed planted.csv
     --backbone timm:efficientnet_lite0`)."""
-    from pactl.verbs.copies import CHANGES
+    from pactl.audit.copies import CHANGES
 
     with open(planted_csv, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -339,9 +339,9 @@ def lookalikes_mode(planted_csv: Path, seed: int) -> None:
     split reach the likeness 98% of the copies audit makes reach (pairs that are not the same
     picture: they cannot be planted leaks), and of 300 of them drawn, how many differ by more
     than 8 of 255 at some pixel and how many share a label."""
+    from pactl.audit import copies
     from pactl.console import QUIET
-    from pactl.verbs import copies
-    from pactl.verbs.labelled import encode
+    from pactl.verbs.audit_inputs import encode
 
     with open(planted_csv, newline="") as f:
         rows = list(csv.DictReader(f))
@@ -374,7 +374,14 @@ def thumbnail_similarities(paths: list[str]) -> np.ndarray:
     """(N, N) float32: row c, column o, the best cosine of image c's whole descriptor to the
     descriptor of one of audit's boxes of image o (the whole image among them), whitened on
     these images as audit does: how audit proposes o as c's original."""
-    from pactl.thumbnails import BOXES, DIMS, box_thumbnails, fit_whitening, integral, read_pictures
+    from pactl.audit.thumbnails import (
+        BOXES,
+        DIMS,
+        box_thumbnails,
+        fit_whitening,
+        integral,
+        read_pictures,
+    )
 
     pictures = read_pictures(paths, keep_bases=True)
     assert pictures.bases is not None
@@ -389,7 +396,7 @@ def thumbnail_similarities(paths: list[str]) -> np.ndarray:
 
 def embedded(folder: Path, at: dict[str, int]) -> np.ndarray:
     """An embed folder's unit vectors in planted.csv's row order."""
-    from pactl.verbs.vectors import gather_vectors
+    from pactl.verbs.vector_sources import gather_vectors
 
     vectors, items, _ = gather_vectors(folder)
     x = np.empty((len(at), vectors.shape[1]), dtype=np.float32)
@@ -403,13 +410,13 @@ def copies_scale_mode(source: str, n: int, seed: int) -> None:
     each one's nearest, made into candidate pairs as audit does (copies.likeliest)."""
     import resource
 
-    from pactl.alignment import likeness, working
+    from pactl.audit.alignment import likeness, working
+    from pactl.audit.copies import ALIGN_MOST, CANDIDATES, likeliest
+    from pactl.audit.thumbnails import DIMS, WHOLE, read_pictures
     from pactl.console import QUIET
     from pactl.datasets import load_source
     from pactl.images import load_image
-    from pactl.thumbnails import DIMS, WHOLE, read_pictures
-    from pactl.verbs.copies import ALIGN_MOST, CANDIDATES, likeliest
-    from pactl.verbs.labelled import cosine_index
+    from pactl.index.exact import cosine_index
 
     files = load_source(source, QUIET).files()
     files = (files * (16000 // len(files) + 1))[:16000]  # enough for the processes to share

@@ -115,7 +115,7 @@ def write_vectors(folder: Path, n: int, dim: int, seed: int, queries: int) -> np
 def exact_truth(base: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
     """Ids of the k largest inner products over all of `base` (memory-mapped), a block at a
     time (pactl.index.build.exact_neighbours; the queries are not in the base)."""
-    from pactl.index.build import exact_neighbours
+    from pactl.index.exact import exact_neighbours
 
     own = np.full(len(queries), -1, dtype=np.int64)
     return exact_neighbours([(base, np.arange(len(base)))], queries, own, k)
@@ -515,7 +515,7 @@ def pactl_run(args: list[str], work: Path) -> None:
 def test_vectors(name: str, extra: list[str], args: argparse.Namespace, work: Path) -> Any:
     """The test classes' vectors (and their labels) of the CPU default trained on set `name`
     from EfficientNet-Lite0's weights with `extra` options; run and vectors reused if there."""
-    from pactl.verbs.vectors import gather_vectors
+    from pactl.verbs.vector_sources import gather_vectors
 
     run = f"{name}-{'-'.join(e.strip('-') for e in extra) or 'float'}"
     best = work / "runs" / run / "best.pt"

@@ -47,8 +47,8 @@ def main() -> None:
 
     import faiss
 
-    from pactl import checksums
     from pactl.index import load_bundle, save_bundle, verify_bundle
+    from pactl.store import checksums
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.n, args.dim)).astype(np.float32)

@@ -18,7 +18,7 @@ Each run's best.pt (chosen by its validation classes: a --bits run by its codes'
 Recall@1) then embeds the run's validation classes and the test classes, which are scored
 
   - as float vectors by cosine (pactl.metrics);
-  - as BITS-bit codes by Hamming distance, ties broken by id (pactl.hamming): a --bits network's
+  - as BITS-bit codes by Hamming distance, ties broken by id (pactl.codes.hamming): a --bits network's
     codes are its vectors' signs; a float network's are the signs of its vectors centred, reduced
     to BITS dimensions by PCA (where they have more) and rotated by ITQ (Gong and Lazebnik, CVPR
     2011; 50 iterations from a seeded random rotation), learned on the scored vectors themselves,
@@ -105,12 +105,13 @@ def train(
 def score_run(run: Path, set_dir: Path, bits: int) -> Scores:
     """The run's best.pt on its validation classes and the test classes: float vectors by
     cosine; codes by Hamming (its own signs, or ITQ's for a float network)."""
-    from pactl import checkpoint, hamming, metrics
+    from pactl import checkpoint, metrics
+    from pactl.codes import hamming
     from pactl.config import TrainConfig, from_dict
     from pactl.console import QUIET
     from pactl.datasets import load_source
-    from pactl.evaluation import split_vectors
     from pactl.runtime import resolve_device
+    from pactl.training.evaluation import split_vectors
     from pactl.training.splits import check_splits
 
     info = json.loads((run / "config.json").read_text())

@@ -94,7 +94,7 @@ def image_path(folder: Path, i: int) -> Path:
 
 def ensure_images(work: Path, count: int, seed: int) -> Path:
     """The first `count` images of the seed's cache, made where missing; image i from (seed, i)."""
-    from pactl.fsutil import atomic_path
+    from pactl.store.generations import atomic_path
 
     cache = work / f"jpegs-{WIDTH}x{HEIGHT}-q{QUALITY}-seed{seed}"
     missing = [i for i in range(count) if not image_path(cache, i).is_file()]

@@ -93,8 +93,8 @@ def build(workdir: Path, n: int, classes: int, dim: int) -> tuple[Path, Path]:
     """The bundle (items.bin) and its older-pactl copy (items.csv only), made once."""
     import faiss
 
-    from pactl.fsutil import current_dir
     from pactl.index import save_bundle
+    from pactl.store.generations import current_dir
 
     lean, old = workdir / f"lean-{n}-{classes}-{dim}", workdir / f"old-{n}-{classes}-{dim}"
     if lean.is_dir() and old.is_dir():

@@ -13,7 +13,7 @@ Data: the glyph set of bench/real_sets.py (built there first:
 32 px from random weights, batch 64, so that the overhead is as large a share as it gets (a
 larger network makes training longer and the overhead the same).
 
-Points whose networks start alike share epoch 0 (pactl.start_cache): the first evaluates it, the
+Points whose networks start alike share epoch 0 (pactl.training.start_cache): the first evaluates it, the
 others copy its row, seconds included, so for them the table shows the epoch 0 as shared and
 counts none of its seconds. The last row is the whole sweep: every point's time against every
 point's training.
@@ -146,9 +146,9 @@ def line(name: str, wall: float, training: float, shown: str, start: float) -> s
 def decoding_table(config: SweepConfig) -> str:
     """PIL decoding, the loaders and the training steps over one pass, on the first point."""
     from pactl.datasets import load_source
-    from pactl.distributed import World
     from pactl.images import load_image
     from pactl.loaders import loader_for
+    from pactl.training.distributed import World
     from pactl.training.trainer import build_trainer, train_step
 
     model_cfg, cfg = sweep.sweep_point_configs(config, "cpu", {"alpha": 16.0}, 0)

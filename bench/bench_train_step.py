@@ -49,9 +49,9 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from pactl.config import ModelConfig, TrainConfig  # noqa: E402
-from pactl.distributed import World  # noqa: E402
 from pactl.loaders import Batch
 from pactl.model import EmbeddingNet, freeze_batchnorm  # noqa: E402
+from pactl.training.distributed import World  # noqa: E402
 from pactl.training.trainer import Trainer, build_trainer, set_warmup, train_step
 
 MAX_REL_DIFF = 1e-4

@@ -20,7 +20,7 @@ Steps, each printed as a markdown table row on stdout (progress on stderr):
 9. binary codes (`train --bits`, `index --binary`): the two code losses on the device against the
    CPU (equal values, device time), and exact Hamming top-10 of the signs of 200,000 device-made
    vectors by FAISS's IndexBinaryFlat (and GpuIndexBinaryFlat with the `gpu` extra) against a
-   popcount brute force (pactl.hamming), ties broken by id.
+   popcount brute force (pactl.codes.hamming), ties broken by id.
 
     python bench/gpu_check.py --dry-run       # the CPU parts only, CUDA steps say "skipped"
 """
@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from pactl.config import IndexConfig, ModelConfig, TrainConfig  # noqa: E402
 from pactl.console import QUIET  # noqa: E402
-from pactl.distributed import World  # noqa: E402
 from pactl.losses import proxy_anchor_loss  # noqa: E402
+from pactl.training.distributed import World  # noqa: E402
 from pactl.training.trainer import build_trainer, train_step
 
 ROWS: list[str] = []
@@ -130,8 +130,8 @@ def loss_row(check: str, seconds: float, on_device: float, on_cpu: float) -> Non
 def _ddp_worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
 
-    from pactl.distributed import gather_batch
     from pactl.losses import ProxyAnchorLoss
+    from pactl.training.distributed import gather_batch
 
     dist.init_process_group("nccl", init_method=f"file://{init}", rank=rank, world_size=world)
     torch.cuda.set_device(rank)
@@ -287,7 +287,8 @@ def spread(vectors: np.ndarray, n: int, device: torch.device) -> np.ndarray:
 def faiss_gpu_vs_cpu(device: torch.device, quick: bool) -> None:
     """Build + search on the GPU (faiss-gpu-cu12, the `gpu` extra) against the CPU."""
     from pactl import metrics
-    from pactl.index.build import build_index, faiss_gpus, gpu_searcher
+    from pactl.index.build import build_index
+    from pactl.index.gpus import faiss_gpus, gpu_searcher
 
     gpus = faiss_gpus("auto")
     dim, n = (64, 20_000) if quick else (512, 200_000)
@@ -386,7 +387,7 @@ def compile_on_cuda(device: torch.device, quick: bool, repeats: int) -> None:
 def codes_on_device(device: torch.device, quick: bool, repeats: int) -> None:
     """The code losses of `train --bits` on the device against the CPU, then exact Hamming search
     of the signs of vectors spread on the device, FAISS against the brute force."""
-    from pactl.hashing import build_code_loss
+    from pactl.codes.learned import build_code_loss
 
     b, c, bits = (32, 100, 64) if quick else (180, 11318, 512)
     gen = torch.Generator().manual_seed(5)
@@ -410,8 +411,8 @@ def codes_on_device(device: torch.device, quick: bool, repeats: int) -> None:
 def hamming_search(device: torch.device, quick: bool) -> None:
     import faiss
 
-    from pactl import hamming
-    from pactl.index.build import faiss_gpus
+    from pactl.codes import hamming
+    from pactl.index.gpus import faiss_gpus
 
     n, bits = (20_000, 64) if quick else (200_000, 512)
     seeds = torch.randn(256, bits, generator=torch.Generator().manual_seed(6))

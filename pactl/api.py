@@ -363,7 +363,7 @@ def embed_folder(
 
 def read_vectors(folder: str | Path) -> Vectors:
     """The vectors, items and meta of an embed output folder (`pactl embed --out`)."""
-    from pactl.verbs.vectors import gather_vectors
+    from pactl.verbs.vector_sources import gather_vectors
 
     return Vectors(*gather_vectors(Path(folder)))
 
@@ -515,9 +515,9 @@ def _new_run(
     """A new run's folder and recipe, as `pactl train SOURCE` settles them."""
     from pactl.config import TRAIN_RULES
     from pactl.datasets import typical_side
-    from pactl.paths import runs_dir
     from pactl.recipe import settle
     from pactl.runtime import resolve_device
+    from pactl.store.home import runs_dir
     from pactl.verbs.sources import check_source
     from pactl.verbs.train import check_run_name, default_run_name
 

@@ -19,8 +19,8 @@ from torch import nn
 
 from pactl.config import ModelConfig, TrainConfig, read_config, to_dict
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_path
 from pactl.rules import MAX_EPOCHS, integer
+from pactl.store.generations import atomic_path
 from pactl.version import __version__
 
 FORMAT = "pactl.checkpoint"

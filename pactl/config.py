@@ -58,7 +58,7 @@ AUGMENT_NAMES = ("rrc_flip", "flip", "light", "none")
 POOLING_NAMES = ("avg+max", "avg", "max", "token")
 SAMPLER_NAMES = ("shuffle", "m_per_class")
 AMP_NAMES = ("none", "bf16", "fp16")
-CODE_PROXIES_NAMES = ("learned", "hadamard")  # pactl.hashing.CODE_PROXIES
+CODE_PROXIES_NAMES = ("learned", "hadamard")  # pactl.codes.learned.CODE_PROXIES
 
 
 def setting(
@@ -123,7 +123,7 @@ class ModelConfig:
         "Learn N-bit binary codes with the loss: the network's vectors are N-d, their signs its "
         "codes, its metrics those of the codes by Hamming distance, and pactl index of its "
         "vectors makes a binary index (0: float vectors; N a multiple of 8; sets --dim).",
-    )  # fmt: skip  # pactl.hashing
+    )  # fmt: skip  # pactl.codes.learned
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class TrainConfig:
         "With --bits: learned (the loss's own proxies, pulled to codes with the vectors by "
         "--quantization) or hadamard (fixed binary proxies: CSQ's hash centres from a Hadamard "
         "matrix, with OrthoHash's cross-entropy over cosines with a margin).",
-    )  # fmt: skip  # pactl.hashing.CODE_PROXIES
+    )  # fmt: skip  # pactl.codes.learned.CODE_PROXIES
     quantization: float = setting(
         0.5, number(0, 1e4),
         "With --bits: weight of the term pulling each vector (and learned proxy) to its code, "
@@ -279,7 +279,7 @@ class IndexConfig:
     )  # fmt: skip
     rotation: str = setting(
         "auto", choice("auto", "none", "itq", "lsh"),
-        "The map before the signs; auto: measured (pactl.index.binary.codes.ROTATION_CHOICES).",
+        "The map before the signs; auto: measured (pactl.codes.rotation.ROTATION_CHOICES).",
     )  # fmt: skip
     rescore: int | None = setting(
         None, optional(integer(0, 10_000)),

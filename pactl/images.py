@@ -34,7 +34,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError, features
 
 from pactl.console import Reporter
 from pactl.errors import PactlError
-from pactl.files import NotRegular, one_line, open_regular, os_reason
+from pactl.store.regular_files import NotRegular, one_line, open_regular, os_reason
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -244,7 +244,7 @@ def _check_pixels(path: Path | str, size: tuple[int, int], max_pixels: int | Non
 
 
 def _open_regular(path: Path | str) -> BinaryIO:
-    """Open `path` only if it is a regular file (pactl.files.open_regular): never a FIFO, which
+    """Open `path` only if it is a regular file (pactl.store.regular_files.open_regular): never a FIFO, which
     would block, or a device."""
     try:
         return open_regular(path)

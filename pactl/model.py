@@ -54,7 +54,7 @@ class TrainingMean(nn.Module):
 
 class EmbeddingNet(nn.Module):
     """embedding_dim 0: no head, the pooled backbone features themselves (the baseline a
-    pretrained network gives before any training). `bits`: a code network's head (pactl.hashing),
+    pretrained network gives before any training). `bits`: a code network's head (pactl.codes.learned),
     its outputs centred at test on the mean of those training saw (TrainingMean)."""
 
     def __init__(

@@ -29,7 +29,6 @@ from pactl.rules import MIN_IMAGE_SIZE, shown
 
 if TYPE_CHECKING:
     from pactl.datasets import Manifest
-    from pactl.distributed import World
 
 
 @dataclass(frozen=True)
@@ -317,7 +316,9 @@ def model_settings(preset: ModelConfig, given: Mapping[str, Any]) -> ModelConfig
     return model
 
 
-def resolve_train_config(model_cfg: ModelConfig, cfg: TrainConfig, world: World) -> TrainConfig:
+def resolve_train_config(
+    model_cfg: ModelConfig, cfg: TrainConfig, distributed: bool
+) -> TrainConfig:
     """Settings left to pactl (None) made concrete: BatchNorm frozen only for pretrained weights
     (random statistics never become right if they cannot move); SyncBatchNorm across GPUs when
     BatchNorm trains under torchrun."""
@@ -326,7 +327,7 @@ def resolve_train_config(model_cfg: ModelConfig, cfg: TrainConfig, world: World)
     freeze = cfg.freeze_bn if cfg.freeze_bn is not None else model_cfg.weights != "none"
     sync = cfg.sync_bn
     if sync is None:
-        sync = world.enabled and not freeze and resolve_device(cfg.device).type == "cuda"
+        sync = distributed and not freeze and resolve_device(cfg.device).type == "cuda"
     return dataclasses.replace(cfg, freeze_bn=freeze, sync_bn=sync)
 
 
@@ -360,7 +361,7 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
 
 
 def describe_codes(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
-    """What a --bits network learns and how its epochs are scored (pactl.hashing)."""
+    """What a --bits network learns and how its epochs are scored (pactl.codes.learned)."""
     bits = model_cfg.bits
     if not bits:
         return []

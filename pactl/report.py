@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pactl.errors import UsageError
-from pactl.fsutil import atomic_path
+from pactl.store.generations import atomic_path
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

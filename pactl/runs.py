@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from pactl.config import ModelConfig, TrainConfig, read_config, to_dict
-from pactl.csvcells import csv_text
 from pactl.datasets import Manifest
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_write_text, make_folder
+from pactl.store.csv_cells import csv_text
+from pactl.store.generations import atomic_write_text, make_folder
 from pactl.version import __version__
 
 SELECTION_KEYS = {"val": "val_recall@1", "test": "recall@1"}  # the metric that chooses best.pt
@@ -157,7 +157,7 @@ def is_run_dir(run_dir: Path) -> bool:
 @contextmanager
 def writing_in(run_dir: Path) -> Iterator[None]:
     """A run file that cannot be written (a read-only folder, an I/O error) is one line naming
-    the folder; a full disk already is one (pactl.fsutil), and the previous file is kept."""
+    the folder; a full disk already is one (pactl.store.generations), and the previous file is kept."""
     try:
         yield
     except OSError as e:

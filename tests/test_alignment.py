@@ -1,4 +1,4 @@
-"""Aligning a copy on its original (pactl.alignment): the residual against brute force, and the
+"""Aligning a copy on its original (pactl.audit.alignment): the residual against brute force, and the
 likeness of copies, shifted grey levels and distinct pictures by hand."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pactl.alignment import WORK, least_rms, likeness, working
-from pactl.thumbnails import WHOLE
+from pactl.audit.alignment import WORK, least_rms, likeness, working
+from pactl.audit.thumbnails import WHOLE
 
 
 def picture(seed: int, side: int = 32, low: int = 30, high: int = 200) -> Any:
@@ -93,8 +93,8 @@ def test_working_size_caps_the_longer_side_and_keeps_the_aspect() -> None:
 def test_processes_align_the_same_as_one(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Seven pairs (a copy, pictures against each other, an unreadable file) in chunks of 2
     across 2 fresh processes: the same likeness as in this process, NaN for the unreadable."""
+    from pactl.audit import copies
     from pactl.console import QUIET
-    from pactl.verbs import copies
 
     paths = []
     for i in range(4):

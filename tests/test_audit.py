@@ -1,4 +1,4 @@
-"""`pactl audit` (pactl.verbs.audit, pactl.doubt): the witnesses by hand, a hand-built set with
+"""`pactl audit` (pactl.verbs.audit, pactl.audit.doubt): the witnesses by hand, a hand-built set with
 one wrong label and one outlier, copies across splits, the clean manifest, and bad input."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import make_class_folder, one_error, read_csv, run_cli
 
-from pactl import doubt
+from pactl.audit import doubt
+from pactl.audit.copies import Candidates, copy_pairs, likeliest
 from pactl.console import QUIET
 from pactl.verbs.audit import AuditConfig, choose_centres, score_rows
-from pactl.verbs.copies import Candidates, copy_pairs, likeliest
-from pactl.verbs.labelled import Labelled, exact_neighbours
+from pactl.verbs.audit_inputs import Labelled, row_neighbours
 
 FINGERPRINT = "ab" * 32
 
@@ -89,7 +89,7 @@ def labelled(vectors: np.ndarray, labels: list[str], splits: list[str]) -> Label
         names=codes.tolist(),
         splits=splits,
         vectors=lambda r: vectors[r],
-        neighbours=exact_neighbours(vectors),
+        neighbours=row_neighbours(vectors),
         proxies=None,
     )
 
@@ -318,7 +318,7 @@ def test_the_thumbnail_of_a_step_matches_a_float64_blur_and_cell_mean() -> None:
     from PIL import Image
     from scipy.ndimage import gaussian_filter1d
 
-    from pactl.thumbnails import SIDE, thumbnail
+    from pactl.audit.thumbnails import SIDE, thumbnail
 
     step = np.zeros((64, 64), dtype=np.uint8)
     step[:, 32:] = 255
@@ -335,7 +335,7 @@ def test_box_thumbnails_are_the_cell_means_of_the_box_by_brute_force() -> None:
     """Each box's thumbnail against float64 means of the base's pixels in each cell (edges:
     the box's sides in base pixels, split in 12 and rounded), for boxes of BOXES and a thin
     one whose cells are forced a pixel apart."""
-    from pactl.thumbnails import BOXES, GRID, SIDE, box_thumbnails
+    from pactl.audit.thumbnails import BOXES, GRID, SIDE, box_thumbnails
 
     bases = np.random.default_rng(5).integers(0, 256, size=(3, GRID, GRID)).astype(np.uint8)
     for box in (*BOXES[:: len(BOXES) // 7], (0.5, 0.25, 0.6, 0.5)):
@@ -355,7 +355,7 @@ def test_the_crop_boxes_cover_every_crop_of_80_to_100_percent_within_a_step() ->
     """Every box lies inside the image; any crop keeping 80 to 100% of each side, wherever it
     lies, has a box whose four edges are each within 5% of the side of the crop's (2,000 random
     crops; sizes are 5% apart and centres 5% apart)."""
-    from pactl.thumbnails import BOXES, WHOLE
+    from pactl.audit.thumbnails import BOXES, WHOLE
 
     boxes = np.array(BOXES)
     assert BOXES[0] == WHOLE and len(set(BOXES)) == len(BOXES)
@@ -372,7 +372,7 @@ def test_whitening_weighs_each_axis_by_its_spread_by_hand() -> None:
     """Thumbnails +-3 e1 and +-1 e2: spreads sqrt(4.5) and sqrt(0.5). The query 3 e1 + e2 is
     whitened to (sqrt 2, sqrt 2): cosine 1/sqrt 2 to the first thumbnail, where raw cosine says
     3/sqrt 10."""
-    from pactl.thumbnails import fit_whitening
+    from pactl.audit.thumbnails import fit_whitening
 
     thumbs = np.zeros((4, 5))
     thumbs[:, 0] = [3, -3, 0, 0]
@@ -437,7 +437,7 @@ def test_resized_cropped_and_recompressed_copies_across_splits_are_found(tmp_pat
     a resized, a cropped and a JPEG copy of three training pictures (the last under another
     label) and a distinct picture of a training class: at the calibrated threshold the three
     copies are found, the class-mate is not, and nothing else is reported."""
-    from pactl.verbs.copies import find_copies
+    from pactl.audit.copies import find_copies
 
     data = planted_set(tmp_path)
     copies, threshold = find_copies(data, 5, None, 16, QUIET)
@@ -453,7 +453,7 @@ def test_the_precise_cosine_counts_pairs_within_splits_as_the_false_ones_by_hand
     (0, 1) at 0.9, (4, 5) at 0.5 and the identical (2, 3), set aside; across: 0.99, 0.95, 0.7.
     At 1% false, no pair within a split may reach the threshold: just above 0.9. At 50%, 0.7
     holds: 4/3 x 1 pair within at or above it against 0.5 x 3 pairs across."""
-    from pactl.verbs import copies
+    from pactl.audit import copies
 
     found = np.array([[1, 4], [5, 0], [6, 3], [2, -1], [0, 5], [4, 1], [2, -1], [-1, -1]])
     sims = np.array(
@@ -478,8 +478,8 @@ def test_at_most_align_most_candidate_pairs_are_aligned_the_likeliest(
 
     from rich.console import Console
 
+    from pactl.audit import copies
     from pactl.console import Reporter
-    from pactl.verbs import copies
 
     paths = smooth_files(tmp_path, 5, seed=0)
     data = labelled(np.eye(5, 4, dtype=np.float32), list("abcde"), ["train"] * 5)
@@ -554,7 +554,7 @@ def test_thumbnails_read_by_processes_are_those_read_here(
 ) -> None:
     """Seven pictures and an unreadable file, read in chunks of 3 by 2 processes: the same
     thumbnails, read flags and bases as read in this process."""
-    from pactl import thumbnails
+    from pactl.audit import thumbnails
 
     paths = smooth_files(tmp_path, 7, seed=4)
     (tmp_path / "bad.png").write_bytes(b"no")
@@ -573,7 +573,7 @@ def test_without_crop_boxes_whole_copies_are_still_found_and_the_floor_ignores_c
     """The set of the test above with crop boxes off (as above CROP_ITEMS images): the resized
     and the JPEG copies are found; the floor candidates must reach is the 1st percentile of
     the resized and recompressed copies made, not lowered by the crops' whole-image cosines."""
-    from pactl.verbs import copies
+    from pactl.audit import copies
 
     data = planted_set(tmp_path)
     monkeypatch.setattr(copies, "CROP_ITEMS", 0)

@@ -22,12 +22,12 @@ import pytest
 import scipy.io
 from PIL import Image
 
-from pactl.archives import UnsafeArchive
 from pactl.console import QUIET
 from pactl.datasets import catalog
+from pactl.datasets.archives import UnsafeArchive
 from pactl.datasets.catalog import CATALOG, DatasetSpec, prepare_dataset
+from pactl.datasets.download import Archive, ChecksumError, FetchOptions
 from pactl.datasets.manifest import read_manifest
-from pactl.download import Archive, ChecksumError, FetchOptions
 from pactl.errors import PactlError
 
 FAST = FetchOptions(attempts=2, retry_wait=0.0, timeout=5.0)

@@ -13,11 +13,11 @@ import pytest
 from conftest import one_error, run_cli, unit
 from test_ondisk import FINGERPRINT, write_vectors_folder
 
+from pactl.codes.rotation import ROTATION_CHOICES, Rotation, check_bits, learn_rotation
 from pactl.config import INDEX_RULES, IndexConfig
 from pactl.console import QUIET
 from pactl.errors import PactlError
 from pactl.index import add_to_bundle, compact_bundle, delete_items, load_bundle, verify_bundle
-from pactl.index.binary.codes import ROTATION_CHOICES, Rotation, check_bits, learn_rotation
 from pactl.index.binary.metrics import code_metrics
 from pactl.index.binary.search import BinaryIndex
 from pactl.index.search import search

@@ -163,7 +163,7 @@ def test_file_digest_hashes_every_chunk_and_reports_each(
 ) -> None:
     """Guards against a digest of part of the file, or a file read whole (memory of its size)
     with one progress step: 7-byte chunks over 50 bytes are 8 steps of at most 7 bytes."""
-    from pactl import checksums
+    from pactl.store import checksums
 
     data = bytes(np.random.default_rng(1).integers(0, 256, 50, dtype=np.uint8))
     (tmp_path / "f").write_bytes(data)
@@ -178,7 +178,7 @@ def test_record_hashes_new_files_and_carries_known_digests_over(tmp_path: Path) 
     """Guards against a carried-over digest being hashed again (a linked file's damage would
     then be recorded as true) or a new file left unhashed: the known digest, deliberately not
     the file's, is kept as given, the other file's is its blake2b."""
-    from pactl.checksums import record
+    from pactl.store.checksums import record
 
     gen = tmp_path / "gen-0003"
     gen.mkdir()
@@ -196,7 +196,7 @@ def test_record_hashes_new_files_and_carries_known_digests_over(tmp_path: Path) 
 def test_recorded_ignores_a_record_of_another_algorithm_or_without_files() -> None:
     """Guards against a record in another algorithm being compared with blake2b digests (every
     file then reported damaged): it counts as none, as does one whose files are no mapping."""
-    from pactl.checksums import recorded
+    from pactl.store.checksums import recorded
 
     files = {"a.bin": "ab" * 32, "b.bin": 3}
 
@@ -212,7 +212,7 @@ def test_recorded_ignores_a_record_of_another_algorithm_or_without_files() -> No
 def test_check_reports_every_byte_hashed_and_their_total(tmp_path: Path) -> None:
     """Guards against a check that hashes without telling its progress, or miscounts the bytes
     it names: the steps sum to the files' sizes, which Checked.size gives."""
-    from pactl.checksums import check
+    from pactl.store.checksums import check
 
     (tmp_path / "a").write_bytes(b"x" * 10)
     (tmp_path / "b").write_bytes(b"y" * 3)

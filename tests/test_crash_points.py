@@ -1,7 +1,7 @@
 """A kill between every pair of steps of a folder write leaves the old output or the new one.
 
 Each command runs in a child process with $PACTL_CRASH_AT=N, which SIGKILLs it at its Nth crash
-point (pactl.fsutil.crash_point: after each rename, link switch and removal); N walks up from 1
+point (pactl.store.generations.crash_point: after each rename, link switch and removal); N walks up from 1
 until the command finishes without reaching it. After each kill the folder must read as the
 old output or as the new one, never a mix, and running the command again must finish it.
 """
@@ -28,8 +28,8 @@ from pactl.config import IndexConfig
 from pactl.console import QUIET
 from pactl.embed import read_embedded
 from pactl.errors import PactlError
-from pactl.fsutil import CRASH_ENV, GENERATION_PREFIX, writer_lock
 from pactl.index import add_to_bundle, build_index, delete_items, load_bundle, save_bundle
+from pactl.store.generations import CRASH_ENV, GENERATION_PREFIX, writer_lock
 
 MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
 
@@ -287,7 +287,7 @@ def test_a_second_writer_is_refused_and_readers_go_on(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from pactl.fsutil import writer_lock\n"
+            "import sys, time; from pathlib import Path; from pactl.store.generations import writer_lock\n"
             f"with writer_lock(Path({str(bundle)!r})):\n"
             "    print('locked', flush=True); time.sleep(60)",
         ],

@@ -13,7 +13,7 @@ import pytest
 from conftest import make_class_folder, read_csv, run_cli
 from test_hostile_cli import tiny_checkpoint
 
-from pactl.csvcells import csv_text, escape_cell, unescape_cell
+from pactl.store.csv_cells import csv_text, escape_cell, unescape_cell
 
 STARTS = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list, written out here independently
 FORMULAS = ['=HYPERLINK("http://x","y")', "+cmd|'/c calc'!A0", "-2+3", "@SUM(A1)", "\tx", "\rx"]
@@ -117,7 +117,7 @@ def test_write_rows_keeps_the_bytes_of_a_name_that_is_not_utf8(tmp_path: Path) -
     (held as lone surrogates) are written as themselves, and read back to the same bytes."""
     import os
 
-    from pactl.csvcells import write_rows
+    from pactl.store.csv_cells import write_rows
 
     name = os.fsdecode(b"caf\xe9-=1+2.png")  # Latin-1 bytes, and a formula after them
     write_rows(tmp_path / "rows.csv", ["path"], [[name]])

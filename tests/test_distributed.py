@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from pactl.config import ModelConfig
-from pactl.distributed import World, gather_batch
 from pactl.losses import ProxyAnchorLoss
 from pactl.model import build_model
+from pactl.training.distributed import World, gather_batch
 
 CONFIG = ModelConfig(backbone="small", weights="none", embedding_dim=8, image_size=8, resize_size=8)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pactl.datasets.catalog import downloads_folder
-from pactl.paths import datasets_dir
+from pactl.store.home import datasets_dir
 from pactl.verbs.index import default_bundle_dir
 from pactl.verbs.query import find_bundle
 

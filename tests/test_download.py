@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from conftest import fill
 
-from pactl.archives import DiskError, UnsafeArchive, extract
 from pactl.console import QUIET, Advance, Reporter
-from pactl.download import (
+from pactl.datasets.archives import DiskError, UnsafeArchive, extract
+from pactl.datasets.download import (
     MIRROR_ENV,
     Archive,
     ChecksumError,

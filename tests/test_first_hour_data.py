@@ -30,7 +30,7 @@ from pactl import console
 from pactl.console import Reporter
 from pactl.datasets import catalog, read_manifest
 from pactl.datasets.benchmarks import Layout, find_dir
-from pactl.download import MIRROR_ENV, Archive, fetch
+from pactl.datasets.download import MIRROR_ENV, Archive, fetch
 
 # Every catalog entry that pactl downloads by itself (not bundled, not click-through only).
 DOWNLOADED = sorted(

@@ -30,7 +30,8 @@ from pactl.embed import embed_files
 from pactl.errors import PactlError
 from pactl.index import build, delete_items, load_bundle, save_bundle
 from pactl.index import bundle as bundle_module
-from pactl.index.build import build_index, faiss_gpus
+from pactl.index.build import build_index
+from pactl.index.gpus import faiss_gpus
 from pactl.index.search import search
 from pactl.loaders import GpuJpegDecoder, gpu_decoding, loader_for
 from pactl.model import build_model

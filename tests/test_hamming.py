@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pactl import hamming
+from pactl.codes import hamming
 
 
 def popcount_neighbours(queries: np.ndarray, gallery: np.ndarray, exclude_self: bool) -> list:

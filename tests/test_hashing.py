@@ -13,8 +13,8 @@ import torch
 from conftest import one_error, run_cli
 from scipy.linalg import hadamard as scipy_hadamard
 
-from pactl import hamming
-from pactl.hashing import (
+from pactl.codes import hamming
+from pactl.codes.learned import (
     CODE_PROXIES,
     CentreCosineLoss,
     CodeLoss,

@@ -19,8 +19,8 @@ from pactl.config import IndexConfig
 from pactl.console import QUIET
 from pactl.embed import read_embedded
 from pactl.errors import PactlError
-from pactl.fsutil import current_dir
 from pactl.index import check_factory, load_bundle
+from pactl.store.generations import current_dir
 from pactl.verbs.index import index_vectors
 
 MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
@@ -138,7 +138,7 @@ def test_files_honour_the_umask(vec: Path, tmp_path: Path, monkeypatch: Any, cap
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode & 0o066 == 0o040, (path, oct(mode))  # group may read, others nothing
     # Files replaced atomically (checkpoints, reports) start as 0600 temporaries: not kept.
-    from pactl.fsutil import atomic_write_text
+    from pactl.store.generations import atomic_write_text
 
     old = os.umask(0o022)
     try:

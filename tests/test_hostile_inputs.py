@@ -23,7 +23,7 @@ from PIL import Image
 
 from pactl.datasets import catalog
 from pactl.datasets.benchmarks import Layout, find_dir
-from pactl.download import Archive
+from pactl.datasets.download import Archive
 
 DEADLINE = 180  # seconds; a run that hangs on a FIFO fails here instead of stalling the suite
 

@@ -16,7 +16,6 @@ from conftest import clustered, unit
 from pactl.config import IndexConfig
 from pactl.console import QUIET
 from pactl.errors import PactlError
-from pactl.fsutil import current_dir
 from pactl.index import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
@@ -28,6 +27,7 @@ from pactl.index import (
     save_bundle,
 )
 from pactl.index.search import hits, search
+from pactl.store.generations import current_dir
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 

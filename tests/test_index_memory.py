@@ -141,7 +141,7 @@ def test_exact_neighbours_over_blocks_against_brute_force(
     parts = [(np.load(a, mmap_mode="r"), ids_a), (np.load(b, mmap_mode="r"), ids_b)]
     base, ids = np.concatenate([va, vb]), np.concatenate([ids_a, ids_b])
     rows = np.sort(np.random.default_rng(3).choice(1_200, 60, replace=False))
-    queries, own = build._read_rows(parts, rows)
+    queries, own = mapped.read_rows(parts, rows)
     np.testing.assert_array_equal(queries, base[rows])
     np.testing.assert_array_equal(own, ids[rows])
     k = 10

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from pactl.errors import PactlError
-from pactl.fsutil import current_dir
 from pactl.index import ITEMS_FILE, META_FILE, ItemTable, load_bundle, save_bundle
 from pactl.index.search import hits
-from pactl.items import TABLE_FILE, Strings
+from pactl.store.generations import current_dir
+from pactl.store.item_table import TABLE_FILE, Strings
 
 # names a CSV or a careless decoder would mangle; the last is not UTF-8
 AWKWARD = [

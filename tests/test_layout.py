@@ -97,7 +97,7 @@ def test_the_service_client_loads_only_the_standard_library_and_the_results() ->
         "pactl.serve.client",
         "pactl.results",
         "pactl.errors",
-        "pactl.files",
+        "pactl.store.regular_files",
     }
     outside = {
         m.split(".")[0] for m in loaded if m.split(".")[0] not in sys.stdlib_module_names
@@ -117,7 +117,7 @@ def test_every_choice_list_is_its_registry() -> None:
     """The choices a setting declares are the names of the registry that implements them, and
     the CLI offers exactly those."""
     from pactl.cli import options
-    from pactl.hashing import CODE_PROXIES
+    from pactl.codes.learned import CODE_PROXIES
     from pactl.losses import LOSSES
     from pactl.model import POOLINGS
     from pactl.runtime import AMP
@@ -177,7 +177,6 @@ def test_train_and_a_sweep_point_settle_the_same_settings_alike(
 ) -> None:
     from conftest import run_cli
 
-    from pactl.distributed import World
     from pactl.recipe import resolve_train_config
     from pactl.research.sweep import SweepConfig, sweep_point_configs
 
@@ -187,7 +186,7 @@ def test_train_and_a_sweep_point_settle_the_same_settings_alike(
         fixed=(("device", "cpu"),),
     )
     model, train = sweep_point_configs(config, "cpu", dict(settings), 0)
-    train = resolve_train_config(model, train, World())
+    train = resolve_train_config(model, train, False)
     code, out, err = run_cli(
         ["train", "digits", "--device", "cpu", *options, "--print-config"], monkeypatch, capsys
     )

@@ -16,8 +16,8 @@ from PIL import Image
 from pactl import checkpoint as ckpt
 from pactl.config import TrainConfig
 from pactl.datasets import manifest_from_folder
-from pactl.evaluation import mean_pairwise_cosine
 from pactl.training.epoch_records import health_warnings
+from pactl.training.evaluation import mean_pairwise_cosine
 from pactl.training.splits import check_splits, hold_out_classes
 
 
@@ -312,7 +312,7 @@ def test_a_collapse_is_reported_on_the_epoch_line(
     """A collapsed embedding (mean pairwise cosine near 1) is named, even with --quiet."""
     make_class_folder(tmp_path / "imgs", classes=8, per_class=4)
     monkeypatch.setattr(
-        "pactl.evaluation.mean_pairwise_cosine", lambda v: 0.97 if len(v) else float("nan")
+        "pactl.training.evaluation.mean_pairwise_cosine", lambda v: 0.97 if len(v) else float("nan")
     )
     args = ["train", str(tmp_path / "imgs"), *TINY, "--epochs", "1", "--name", "c", "--quiet"]
     code, _, err = run_cli(args, monkeypatch, capsys)
@@ -462,8 +462,8 @@ def test_random_batchnorm_statistics_are_calibrated_before_epoch_0(tmp_path: Pat
     """From random weights, epoch 0 sees BatchNorm statistics of the training data (the
     average over a few batches), not the (0, 1) the layers are born with."""
     from pactl.config import ModelConfig
-    from pactl.distributed import World
     from pactl.loaders import loader_for
+    from pactl.training.distributed import World
     from pactl.training.start import calibrate_batchnorm
     from pactl.training.trainer import build_trainer
 

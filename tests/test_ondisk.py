@@ -17,7 +17,6 @@ from conftest import clustered, make_class_folder, run_cli, train_tiny, unit
 from pactl.config import IndexConfig
 from pactl.console import QUIET
 from pactl.errors import PactlError
-from pactl.fsutil import current_dir, new_generation
 from pactl.index import (
     BUNDLE_FILES,
     IVFDATA_FILE,
@@ -34,8 +33,9 @@ from pactl.index import (
     write_bundle,
 )
 from pactl.index.search import search
+from pactl.store.generations import current_dir, new_generation
 from pactl.verbs.index import index_vectors
-from pactl.verbs.vectors import gather_vectors
+from pactl.verbs.vector_sources import gather_vectors
 
 pytestmark = pytest.mark.usefixtures("faiss_one_thread")
 

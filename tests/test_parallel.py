@@ -1,10 +1,10 @@
-"""pactl.parallel.in_chunks: chunks in order, progress counted, processes only where asked."""
+"""pactl.audit.processes.in_chunks: chunks in order, progress counted, processes only where asked."""
 
 from __future__ import annotations
 
 import pytest
 
-from pactl.parallel import in_chunks
+from pactl.audit.processes import in_chunks
 
 
 def test_chunks_come_back_in_order_from_processes() -> None:

@@ -27,7 +27,7 @@ def test_round_trip_keeps_every_vector_and_column(vectors: Path, tmp_path: Path)
     import pyarrow.parquet as pq
 
     from pactl.interop.parquet import read_parquet, write_parquet
-    from pactl.verbs.vectors import read_parts
+    from pactl.verbs.vector_sources import read_parts
 
     parts, meta = read_parts(vectors)
     write_parquet(parts, meta, tmp_path / "pq", config=ParquetConfig(5))
@@ -52,7 +52,7 @@ def test_a_bundle_of_the_parquet_layout_answers_as_one_of_the_vectors(
 ) -> None:
     import pactl
     from pactl.interop.parquet import write_parquet
-    from pactl.verbs.vectors import read_parts
+    from pactl.verbs.vector_sources import read_parts
 
     write_parquet(*read_parts(vectors), tmp_path / "pq", config=ParquetConfig(7))
     a = pactl.open_index(pactl.build_index(vectors, out=tmp_path / "a", factory="Flat"))
@@ -85,7 +85,7 @@ def clip_retrieval_folder(root: Path, shards: int = 11, rows: int = 3, dim: int 
 
 def test_another_tools_layout_is_indexed_in_shard_number_order(tmp_path: Path) -> None:
     from pactl.interop.parquet import read_parquet
-    from pactl.verbs.vectors import gather_vectors
+    from pactl.verbs.vector_sources import gather_vectors
 
     expected = clip_retrieval_folder(tmp_path / "clip")
     parts, meta = read_parquet(tmp_path / "clip")

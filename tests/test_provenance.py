@@ -29,7 +29,7 @@ def test_provenance_records_versions_command_seed_and_fingerprints(
     make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
     run = train(tmp_path, monkeypatch, capsys, "p", "--seed", "7")
     info = json.loads((run / "provenance.json").read_text())
-    assert info["format"] == "pactl.provenance" and info["version"] == 1
+    assert info["format"] == "pactl.training.provenance" and info["version"] == 1
     assert info["packages"]["torch"] == importlib.metadata.version("torch")
     assert info["packages"]["faiss-cpu"] == importlib.metadata.version("faiss-cpu")
     assert info["cuda"] == torch.version.cuda
@@ -51,7 +51,7 @@ def test_provenance_records_versions_command_seed_and_fingerprints(
 
 
 def test_weights_file_is_fingerprinted_by_its_bytes(tmp_path: Path) -> None:
-    from pactl.provenance import weights_source
+    from pactl.training.provenance import weights_source
 
     path = tmp_path / "w.pth"
     path.write_bytes(b"weights")

@@ -15,7 +15,7 @@ from pactl.checkpoint import open_network
 from pactl.config import EmbedConfig, ModelConfig
 from pactl.console import QUIET
 from pactl.embed import PROGRESS_PREFIX, embed_to_folder, read_embedded
-from pactl.embed import vectors as embed_module
+from pactl.embed import writing as embed_module
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_embed_killed_at_random_moments_ends_as_one_uninterrupted_run(tmp_path: 
     import sys
     import time
 
-    from pactl.fsutil import GENERATION_PREFIX
+    from pactl.store.generations import GENERATION_PREFIX
 
     imgs = make_class_folder(tmp_path / "imgs", classes=4, per_class=16, size=24)
     model = ["--backbone", "small", "--weights", "none", "--image-size", "16"]

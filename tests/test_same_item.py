@@ -60,7 +60,7 @@ def test_bundles_carry_the_calibration_and_dedup_uses_it(
     from pactl.verbs.dedup import dedup
     from pactl.verbs.index import index_images
     from pactl.verbs.lineage import calibration_of
-    from pactl.verbs.vectors import gather_vectors
+    from pactl.verbs.vector_sources import gather_vectors
 
     run = train_tiny(tmp_path, monkeypatch, capsys, classes=8, per_class=5)
     stored = ckpt.load(run / "best.pt")["calibration"]

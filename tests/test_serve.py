@@ -400,7 +400,7 @@ def test_serve_without_extra_is_one_line(served: Service, monkeypatch: Any, caps
 def test_serve_without_a_bundle_takes_the_latest_runs(monkeypatch: Any, capsys: Any) -> None:
     import pactl.index
     import pactl.serve.server
-    from pactl.paths import runs_dir
+    from pactl.store.home import runs_dir
 
     runs = runs_dir()
     code, out, err = run_cli(["serve"], monkeypatch, capsys)  # no runs yet: one line, exit 1
@@ -684,7 +684,7 @@ def test_add_then_delete_through_the_api(served: Service) -> None:
 
 
 def test_a_write_while_another_writer_holds_the_bundle_is_409(served: Service) -> None:
-    from pactl.fsutil import writer_lock
+    from pactl.store.generations import writer_lock
 
     image = served.images[4]
     uploads = sorted((served.bundle / "uploads").rglob("*"))

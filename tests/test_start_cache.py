@@ -12,20 +12,20 @@ from typing import Any
 import pytest
 from conftest import make_class_folder
 
-import pactl.evaluation
 import pactl.images
 import pactl.runs
+import pactl.training.evaluation
 import pactl.training.loop
 import pactl.training.splits
 import pactl.training.start
 import pactl.training.trainer
-from pactl import start_cache
 from pactl.checkpoint import clean_state_dict, fingerprint
 from pactl.config import ModelConfig, TrainConfig
 from pactl.console import QUIET
 from pactl.datasets import load_source
-from pactl.distributed import World
 from pactl.research.sweep import run_point
+from pactl.training import start_cache
+from pactl.training.distributed import World
 
 MODEL = ModelConfig(backbone="small", weights="none", embedding_dim=16, image_size=16)
 TRAIN = TrainConfig(

@@ -135,7 +135,6 @@ def test_a_point_settles_its_settings_as_train_does(
     preset's test classes), as train's --print-config shows it."""
     import dataclasses
 
-    from pactl.distributed import World
     from pactl.recipe import resolve_train_config
     from pactl.research.sweep import sweep_point_configs
 
@@ -147,7 +146,7 @@ def test_a_point_settles_its_settings_as_train_does(
         preset=preset,
     )
     model, train = sweep_point_configs(config, "cpu", swept, 0)
-    train = resolve_train_config(model, train, World())
+    train = resolve_train_config(model, train, False)
     chosen = ["--preset", preset] if preset else []
     code, out, err = run_cli(
         ["train", str(tmp_path / "imgs"), "--epochs", "2", "--device", "cpu", *chosen, *options,

@@ -173,7 +173,7 @@ def test_benchmark_not_downloaded_gets_a_hint(
 def test_bf16_autocast_step_matches_float32(tmp_path: Path) -> None:
     """Under bf16 autocast the network runs in bf16, the loss in float32, close to fp32."""
     from pactl.config import ModelConfig, TrainConfig
-    from pactl.distributed import World
+    from pactl.training.distributed import World
     from pactl.training.trainer import build_trainer, train_step
 
     model_cfg = ModelConfig(

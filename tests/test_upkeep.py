@@ -22,7 +22,6 @@ from pactl.config import IndexConfig
 from pactl.console import QUIET
 from pactl.embed import read_embedded
 from pactl.errors import PactlError
-from pactl.fsutil import current_dir, generation_of
 from pactl.index import (
     BUNDLE_FILES,
     DELETED_FILE,
@@ -41,6 +40,7 @@ from pactl.index import (
     write_bundle,
 )
 from pactl.index.search import PathIndex, search
+from pactl.store.generations import current_dir, generation_of
 
 N, DIM, QUERIES, K = 600, 16, 40, 10
 MODEL = ["--backbone", "small", "--weights", "none", "--image-size", "16"]
@@ -355,7 +355,7 @@ def test_the_writer_lock_refuses_another_thread_as_another_process(
     import threading
 
     from pactl.errors import Busy
-    from pactl.fsutil import writer_lock
+    from pactl.store.generations import writer_lock
 
     base, _ = data
     bundle_dir = make_bundle(tmp_path / "b", base, "Flat")
@@ -435,7 +435,7 @@ def test_compact_refuses_an_index_that_cannot_give_back_its_vectors(
 
 
 def new_gen(out: Path) -> Any:
-    from pactl.fsutil import new_generation
+    from pactl.store.generations import new_generation
 
     return new_generation(out, BUNDLE_FILES)
 
@@ -497,7 +497,7 @@ def test_a_second_writer_is_refused_for_delete(
         [
             sys.executable,
             "-c",
-            "import time; from pathlib import Path; from pactl.fsutil import writer_lock\n"
+            "import time; from pathlib import Path; from pactl.store.generations import writer_lock\n"
             f"with writer_lock(Path({str(bundle_dir)!r})):\n"
             "    print('locked', flush=True); time.sleep(60)",
         ],

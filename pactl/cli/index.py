@@ -32,7 +32,7 @@ from pactl.cli.options import (
 from pactl.config import INDEX_RULES, TRAIN_RULES, EmbedConfig, IndexConfig, check, option_name
 from pactl.console import Reporter, counted, literal, out
 from pactl.errors import PactlError, UsageError
-from pactl.paths import runs_dir
+from pactl.store.home import runs_dir
 
 if TYPE_CHECKING:  # the members are the declaration's, read when the CLI is built
     Rotation = Enum
@@ -270,7 +270,7 @@ def index_config(
         except PactlError as e:
             raise UsageError(f"--factory: {e}") from None
     if faiss_device is FaissDevice.gpu:
-        from pactl.index.build import faiss_gpus
+        from pactl.index.gpus import faiss_gpus
 
         faiss_gpus(config.faiss_device)
     return config

@@ -187,7 +187,7 @@ def check_new_file(path: Path, overwrite: bool, option: str = "--report") -> Non
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
     """A file that cannot be written after all (made read-only meanwhile, an I/O error) is one
-    line; a full disk already is one (pactl.fsutil)."""
+    line; a full disk already is one (pactl.store.generations)."""
     try:
         yield
     except OSError as e:

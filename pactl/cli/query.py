@@ -28,8 +28,8 @@ from pactl.cli.options import (
 from pactl.config import TRAIN_RULES, QdrantConfig
 from pactl.console import Reporter, counted, err, literal, out
 from pactl.errors import PactlError, UsageError
-from pactl.paths import runs_dir
 from pactl.rules import MAX_K
+from pactl.store.home import runs_dir
 
 if TYPE_CHECKING:  # the library's heavy side is imported by the commands that use it
     from pactl.output import HitWriter

@@ -12,7 +12,7 @@ from pactl.config import (
     TRAIN_RULES,
 )
 from pactl.errors import PactlError
-from pactl.paths import runs_dir
+from pactl.store.home import runs_dir
 
 
 def serve(

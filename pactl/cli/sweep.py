@@ -22,7 +22,7 @@ from pactl.cli.options import (
 from pactl.cli.train import check_run_name
 from pactl.console import err, literal
 from pactl.errors import UsageError
-from pactl.paths import runs_dir
+from pactl.store.home import runs_dir
 
 
 def sweep(

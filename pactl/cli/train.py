@@ -38,8 +38,8 @@ from pactl.config import (
 )
 from pactl.console import Reporter, literal, out, quoted
 from pactl.errors import UsageError
-from pactl.paths import runs_dir
 from pactl.recipe import PRESETS, Recipe, settle
+from pactl.store.home import runs_dir
 from pactl.verbs.train import check_run_name, default_run_name
 
 if TYPE_CHECKING:
@@ -319,11 +319,11 @@ def device_type(device: str | None) -> str:
 
 def show_config(source: str, recipe: Recipe) -> None:
     """--print-config: the settings as this machine would resolve them, and why, as JSON."""
-    from pactl.distributed import World
     from pactl.recipe import explain, resolve_train_config
+    from pactl.training.distributed import World
 
     world = World(size=int(os.environ.get("WORLD_SIZE", "1")))
-    cfg = resolve_train_config(recipe.model, recipe.train, world)
+    cfg = resolve_train_config(recipe.model, recipe.train, world.enabled)
     why = [*recipe.why, *explain(recipe.model, cfg)]
     with to_stdout():
         out.print_json(data={"source": source, "why": why, **_configs(recipe.model, cfg)})

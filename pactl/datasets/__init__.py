@@ -1,4 +1,9 @@
-"""Datasets as manifests: the catalog of known sets, user folders and CSVs."""
+"""Datasets as manifests: the catalog of known sets, user folders and CSVs.
+
+Rooms, in reading order: catalog.py (the known datasets), manifest.py (a folder or CSV -> the
+manifest), benchmarks.py and digits.py (the built-in sets), download.py (resumable, checksummed
+fetches) and archives.py (safe extraction).
+"""
 
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from pactl.console import Reporter
 from pactl.datasets.benchmarks import CARS, CUB, INSHOP, SOP, Layout
 from pactl.datasets.digits import prepare_digits
+from pactl.datasets.download import Archive, FetchOptions, Provenance, gather
 from pactl.datasets.manifest import write_manifest
-from pactl.download import Archive, FetchOptions, Provenance, gather
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_write_text
-from pactl.paths import datasets_dir, writable_datasets_dir
+from pactl.store.generations import atomic_write_text
+from pactl.store.home import datasets_dir, writable_datasets_dir
 from pactl.version import __version__
 
 # prepare(target_folder, from_path_or_None, reporter) writes images and manifest.csv.

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from pactl.archives import writing_to
 from pactl.console import Reporter
+from pactl.datasets.archives import writing_to
 from pactl.datasets.manifest import write_manifest
 
 

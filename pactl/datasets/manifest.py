@@ -24,11 +24,11 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from pactl.console import QUIET, Reporter
-from pactl.csvcells import csv_text, unescape_cell
 from pactl.errors import PactlError
-from pactl.files import KINDS
-from pactl.fsutil import atomic_write_text
-from pactl.paths import pactl_home
+from pactl.store.csv_cells import csv_text, unescape_cell
+from pactl.store.generations import atomic_write_text
+from pactl.store.home import pactl_home
+from pactl.store.regular_files import KINDS
 
 SPLITS = ("train", "val", "test", "query", "gallery")
 IMAGE_EXTENSIONS = (

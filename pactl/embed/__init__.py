@@ -1,8 +1,8 @@
 """Images -> L2-normalised float32 vectors, and the vectors folder that `pactl index` reads.
 
-Four rooms: `forward` (the forward pass over batches of files), `fastpath` (the network
-prepared once for many images), `vectors` (writing the folder: shards, meta.json, progress
-commits) and `folder` (its format and reading it back). This module only hands on the names
+Four rooms, in reading order: `forward` (the forward pass over batches of files), `fastpath`
+(the network prepared once for many images), `writing` (writing the folder: shards, meta.json,
+progress commits) and `folder` (its format and reading it back). This module only hands on the names
 callers use, each imported when first asked for: reading a vectors folder imports no torch.
 """
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         read_vectors,
     )
     from pactl.embed.forward import Embedded, decode_files, embed_decoded, embed_files
-    from pactl.embed.vectors import embed_to_folder
+    from pactl.embed.writing import embed_to_folder
 
 _HOMES = {
     "fastpath": ("PREPARE_MIN_IMAGES", "inference_model"),
@@ -37,7 +37,7 @@ _HOMES = {
         "read_vectors",
     ),
     "forward": ("Embedded", "decode_files", "embed_decoded", "embed_files"),
-    "vectors": ("embed_to_folder",),
+    "writing": ("embed_to_folder",),
 }
 _HOME = {name: room for room, names in _HOMES.items() for name in names}
 

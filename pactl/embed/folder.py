@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from pactl import records
 from pactl.config import ModelConfig, read_config
 from pactl.errors import PactlError, UsageError
-from pactl.fsutil import check_files, read_current
+from pactl.store import json_fields
+from pactl.store.generations import check_files, read_current
 
 VECTORS_FORMAT = "pactl.vectors"
 VECTORS_VERSION = 1
@@ -66,7 +66,7 @@ def read_vectors(folder: Path) -> tuple[np.ndarray, dict[str, Any]]:
 def read_embedded(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
     """Vectors (memory-mapped), ItemTable and meta of an embed output folder, all three from
     one generation."""
-    from pactl.items import ItemTable
+    from pactl.store.item_table import ItemTable
 
     def read(gen: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
         vectors, meta = read_vectors_in(gen, folder)
@@ -88,21 +88,21 @@ def read_vectors_in(gen: Path, folder: Path) -> tuple[np.ndarray, dict[str, Any]
         if not (gen / name).is_file():
             raise PactlError(f"{folder} lacks {name}: is it the output of `pactl embed`?")
     meta_path = folder / "meta.json"
-    meta = records.read_json_object(gen / "meta.json", meta_path, "a pactl vectors meta.json")
+    meta = json_fields.read_json_object(gen / "meta.json", meta_path, "a pactl vectors meta.json")
     if meta.get("format") != VECTORS_FORMAT:
         raise PactlError(f"{meta_path} is not a pactl vectors file")
-    version = records.field(meta, "version", int, meta_path)
+    version = json_fields.field(meta, "version", int, meta_path)
     if version > VECTORS_VERSION:
         raise PactlError(f"{meta_path} was written by a newer pactl (version {version})")
-    dim = records.field(meta, "dimension", int, meta_path, 1, MAX_DIMENSION)
-    count = records.field(meta, "count", int, meta_path, 0, MAX_COUNT)
-    records.field(meta, "fingerprint", str, meta_path)
+    dim = json_fields.field(meta, "dimension", int, meta_path, 1, MAX_DIMENSION)
+    count = json_fields.field(meta, "count", int, meta_path, 0, MAX_COUNT)
+    json_fields.field(meta, "fingerprint", str, meta_path)
     read_config(
         ModelConfig,
-        records.field(meta, "model_config", dict, meta_path),
+        json_fields.field(meta, "model_config", dict, meta_path),
         f"{meta_path}: model_config",
     )
-    records.field(meta, "checkpoint", str, meta_path, optional=True)
+    json_fields.field(meta, "checkpoint", str, meta_path, optional=True)
     check_files(gen, meta, folder, fix)
     try:
         vectors = np.load(gen / "vectors.npy", mmap_mode="r", allow_pickle=False)

@@ -13,13 +13,19 @@ its inverted lists go to a fourth file, `index.ivfdata`, which searches read thr
 cache.
 
 A bundle's files change together: each save writes a new generation of the folder and switches
-to it in one rename (pactl.fsutil.new_generation), so a reader, or a kill, sees the old bundle
-or the new one, never a mix.
+to it in one rename (pactl.store.generations.new_generation), so a reader, or a kill, sees the old
+bundle or the new one, never a mix.
+
+Rooms, in reading order: build.py (factory choice, training, adding), mapped.py (vectors read a
+block at a time, the parts of an index), exact.py (exact neighbours by brute force), tune.py
+(the search setting that meets a recall target), gpus.py (FAISS on GPUs), ondisk.py (an IVF
+built shard by shard), bundle.py and reading.py (the bundle written and read), search.py,
+upkeep.py (add, delete, compact), verify.py, dedup.py and grouping.py (near duplicates), and
+binary/ (binary bundles).
 """
 
 from pactl.index.build import (
     FLAT_MAX_ITEMS,
-    Part,
     add_parts,
     add_vectors,
     build_index,
@@ -27,10 +33,7 @@ from pactl.index.build import (
     check_factory,
     check_parts,
     choose_factory,
-    exact_neighbours,
     new_index,
-    recall_at_k,
-    tune,
 )
 from pactl.index.bundle import (
     BUNDLE_FILES,
@@ -46,6 +49,8 @@ from pactl.index.bundle import (
     save_bundle,
     write_bundle,
 )
+from pactl.index.exact import exact_neighbours
+from pactl.index.mapped import Part
 from pactl.index.ondisk import (
     IVFDATA_FILE,
     MERGE_DIR,
@@ -56,9 +61,10 @@ from pactl.index.ondisk import (
     wants_on_disk,
 )
 from pactl.index.reading import bundle_count, check_folder, load_bundle, rebuild_facts
+from pactl.index.tune import ann_recall, tune_search
 from pactl.index.upkeep import add_to_bundle, compact_bundle, delete_items
 from pactl.index.verify import verify_bundle
-from pactl.items import ITEMS_HEADER, ItemTable
+from pactl.store.item_table import ITEMS_HEADER, ItemTable
 
 __all__ = [
     "BUNDLE_FILES",
@@ -97,9 +103,9 @@ __all__ = [
     "exact_neighbours",
     "load_bundle",
     "new_index",
-    "recall_at_k",
+    "ann_recall",
     "save_bundle",
-    "tune",
+    "tune_search",
     "verify_bundle",
     "wants_on_disk",
     "write_bundle",

@@ -1,6 +1,6 @@
 """The bundle's format: index.faiss, items.csv and meta.json (and index.ivfdata, deleted.npy,
 removed.bin; a binary bundle's rotation.npy and floats.npy) written as one generation of a folder
-(pactl.fsutil), and the Bundle as loaded. Reading it back is pactl.index.reading's; appending,
+(pactl.store.generations), and the Bundle as loaded. Reading it back is pactl.index.reading's; appending,
 deleting and compacting pactl.index.upkeep's.
 """
 
@@ -16,23 +16,21 @@ from typing import Any
 import faiss
 import numpy as np
 
-from pactl import checksums
 from pactl.errors import PactlError
-from pactl.fsutil import (
-    new_generation,
-    record_files,
-)
 from pactl.index.binary.build import FLOATS_FILE, ROTATION_FILE, write_floats
 from pactl.index.binary.search import BinaryIndex
-from pactl.index.build import (
-    GPU_MAX_K,
-)
+from pactl.index.gpus import GPU_MAX_K
 from pactl.index.mapped import blocks
 from pactl.index.ondisk import (
     IVFDATA_FILE,
 )
 from pactl.index.search import in_sorted
-from pactl.items import TABLE_FILE, ItemTable
+from pactl.store import checksums
+from pactl.store.generations import (
+    new_generation,
+    record_files,
+)
+from pactl.store.item_table import TABLE_FILE, ItemTable
 from pactl.version import __version__
 
 BUNDLE_FORMAT = "pactl.bundle"

@@ -10,9 +10,11 @@ block read again costs no disk read while memory lasts.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
+
+from pactl.errors import PactlError
 
 BLOCK_BYTES = 32 * 2**20  # read per block: 16,384 rows of 512-d float32
 
@@ -67,3 +69,61 @@ def _address(owner: mmap.mmap) -> int:
     """Where the map starts in this process's memory (read-only maps included)."""
     view = np.frombuffer(owner, dtype=np.uint8, count=1)
     return int(view.__array_interface__["data"][0])
+
+
+# ---------------------------------------------------------------------------- parts of an index
+
+
+NORM_TOLERANCE = 1e-2  # |norm - 1| allowed before vectors are taken as not L2-normalised
+
+
+Part = tuple[np.ndarray, np.ndarray]  # one shard: (n_i, d) float32 vectors (memory-mapped), ids
+
+
+def count_rows(parts: Sequence[Part]) -> int:
+    return sum(len(vectors) for vectors, _ in parts)
+
+
+def read_rows(parts: Sequence[Part], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vectors (float32, in memory) and ids at sorted `rows`, numbered across the parts in
+    order. Each part gives its own rows, a block at a time (pactl.index.mapped.blocks), into
+    one array made up front: the parts are never joined, a memory-mapped one is never resident
+    as a whole, and the sample is held once (not once in pieces and again joined)."""
+    dim = parts[0][0].shape[1] if parts else 0
+    vectors = np.empty((len(rows), dim), dtype=np.float32)
+    ids = np.empty(len(rows), dtype=np.int64)
+    start = 0
+    for part, part_ids in parts:
+        low, high = np.searchsorted(rows, [start, start + len(part)])
+        ids[low:high] = np.asarray(part_ids, dtype=np.int64)[rows[low:high] - start]
+        for first, block in blocks(part):
+            low, high = np.searchsorted(rows, [start + first, start + first + len(block)])
+            vectors[low:high] = block[rows[low:high] - start - first]
+        start += len(part)
+    return vectors, ids
+
+
+def unit_blocks(parts: Sequence[Part]) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first row, float32 block, its int64 ids) over the parts' blocks (mapped.blocks), rows
+    numbered across the parts, each block checked by check_unit_rows (float32 rows of a memory
+    map are handed on without a copy)."""
+    row = 0
+    for vectors, ids in parts:
+        for start, block in blocks(vectors):
+            batch = np.ascontiguousarray(block, dtype=np.float32)
+            first = row + start
+            check_unit_rows(batch, np.arange(first, first + len(batch)))
+            yield first, batch, np.ascontiguousarray(ids[start : start + len(batch)], np.int64)
+        row += len(vectors)
+
+
+def check_unit_rows(batch: np.ndarray, rows: np.ndarray) -> None:
+    """Refuse NaN/inf and vectors far from unit length: inner product is cosine only on those."""
+    norms = np.sqrt(np.einsum("ij,ij->i", batch, batch, dtype=np.float64))
+    bad = np.flatnonzero(~(np.abs(norms - 1.0) <= NORM_TOLERANCE))
+    if len(bad):
+        i = bad[0]
+        raise PactlError(
+            f"vector {int(rows[i])} has norm {norms[i]:.4g}; pactl indexes L2-normalised vectors "
+            "(cosine similarity as inner product): normalise them first"
+        )

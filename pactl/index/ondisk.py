@@ -19,15 +19,9 @@ import numpy as np
 from pactl.config import IndexConfig
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.index.build import (
-    Part,
-    _train,
-    add_vectors,
-    check_parts,
-    choose_factory,
-    new_index,
-    tune,
-)
+from pactl.index.build import add_vectors, check_parts, choose_factory, new_index, train_index
+from pactl.index.mapped import Part
+from pactl.index.tune import tune_search
 
 IVFDATA_FILE = "index.ivfdata"  # the inverted lists of an on-disk bundle
 PENDING_IVFDATA = ".index.ivfdata.pending"  # merged lists not yet moved in by write_bundle
@@ -78,7 +72,7 @@ def build_ondisk_index(
             f"not {factory!r}: pick one, or build in memory (--on-disk no)"
         )
     rng = np.random.default_rng(seed)
-    trained_on = _train(index, parts, rng, seed, reporter, factory)
+    trained_on = train_index(index, parts, rng, seed, reporter, factory)
     scratch = bundle_dir / MERGE_DIR
     if scratch.exists():  # left by an interrupted build
         shutil.rmtree(scratch)
@@ -96,7 +90,7 @@ def build_ondisk_index(
         del shards
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    tuning = tune(index, parts, config.target_recall, rng, reporter)
+    tuning = tune_search(index, parts, config.target_recall, rng, reporter)
     seconds = time.perf_counter() - started
     reporter.log(
         f"built {factory} over {counted(n, 'vector')} of {counted(len(parts), 'shard')} in "

@@ -13,20 +13,11 @@ from typing import Any
 import faiss
 import numpy as np
 
-from pactl import records
+from pactl.codes.rotation import ROTATION_KINDS, Rotation
 from pactl.errors import PactlError
-from pactl.fsutil import (
-    check_files,
-    read_current,
-)
 from pactl.index.binary.build import FLOATS_FILE, ROTATION_FILE, apply_search_params
-from pactl.index.binary.codes import ROTATION_KINDS, Rotation
 from pactl.index.binary.search import MAX_RESCORE, BinaryIndex
-from pactl.index.build import (
-    faiss_gpus,
-    faiss_reason,
-    gpu_searcher,
-)
+from pactl.index.build import faiss_reason
 from pactl.index.bundle import (
     BINARY_VERSION,
     BUNDLE_FORMAT,
@@ -41,12 +32,18 @@ from pactl.index.bundle import (
     Bundle,
     ondisk_lists,
 )
+from pactl.index.gpus import faiss_gpus, gpu_searcher
 from pactl.index.ondisk import (
     IVFDATA_FILE,
     quiet_c_stdout,
 )
 from pactl.index.search import in_sorted
-from pactl.items import TABLE_FILE, ItemTable
+from pactl.store import json_fields
+from pactl.store.generations import (
+    check_files,
+    read_current,
+)
+from pactl.store.item_table import TABLE_FILE, ItemTable
 from pactl.version import __version__
 
 
@@ -301,7 +298,7 @@ def check_folder(path: Path) -> None:
 def read_meta(path: Path, gen: Path) -> dict[str, Any]:
     """meta.json of a bundle generation, every field pactl uses checked (one line naming it)."""
     where = path / META_FILE
-    meta = records.read_json_object(gen / META_FILE, where, "a pactl bundle's meta.json")
+    meta = json_fields.read_json_object(gen / META_FILE, where, "a pactl bundle's meta.json")
     found = meta.get("format")
     if found != BUNDLE_FORMAT:
         vectors = found == VECTORS_FORMAT
@@ -313,19 +310,19 @@ def read_meta(path: Path, gen: Path) -> dict[str, Any]:
             f"bundle {path} has version {version!r}; pactl {__version__} reads versions 1 to "
             f"{BUNDLE_VERSION}: rebuild it with `pactl index`"
         )
-    records.field(meta, "dimension", int, where, 1, 65_536)
-    records.field(meta, "count", int, where, 0, 2**40)
-    records.field(meta, "deleted", int, where, 0, 2**40, optional=True)
-    records.field(meta, "next_id", int, where, 0, 2**62, optional=True)
-    records.field(meta, "fingerprint", str, where, optional=True)
-    records.field(meta, "checkpoint", str, where, optional=True)
-    records.field(meta, "model_config", dict, where, optional=True)
-    records.field(meta, "factory", str, where, optional=True)
-    records.field(meta, "on_disk", bool, where, optional=True)
-    records.field(meta, "checksums", dict, where, optional=True)
+    json_fields.field(meta, "dimension", int, where, 1, 65_536)
+    json_fields.field(meta, "count", int, where, 0, 2**40)
+    json_fields.field(meta, "deleted", int, where, 0, 2**40, optional=True)
+    json_fields.field(meta, "next_id", int, where, 0, 2**62, optional=True)
+    json_fields.field(meta, "fingerprint", str, where, optional=True)
+    json_fields.field(meta, "checkpoint", str, where, optional=True)
+    json_fields.field(meta, "model_config", dict, where, optional=True)
+    json_fields.field(meta, "factory", str, where, optional=True)
+    json_fields.field(meta, "on_disk", bool, where, optional=True)
+    json_fields.field(meta, "checksums", dict, where, optional=True)
     for key in ("index_bytes", "ivfdata_bytes"):
-        records.field(meta, key, int, where, 0, 2**62, optional=True)
-    params = records.field(meta, "search_params", str, where, optional=True)
+        json_fields.field(meta, key, int, where, 0, 2**62, optional=True)
+    params = json_fields.field(meta, "search_params", str, where, optional=True)
     if params:
         _check_search_params(params, where)
     if version == BINARY_VERSION:
@@ -335,10 +332,10 @@ def read_meta(path: Path, gen: Path) -> dict[str, Any]:
 
 def _check_binary_record(meta: dict[str, Any], where: Path) -> None:
     """A binary bundle's "binary" record: its bits, rotation and rescoring depth."""
-    record = records.field(meta, "binary", dict, where)
+    record = json_fields.field(meta, "binary", dict, where)
     inner = where.parent / "meta.json: binary"
-    records.field(record, "bits", int, inner, 8, 2**20)
-    records.field(record, "rescore", int, inner, 0, MAX_RESCORE)
+    json_fields.field(record, "bits", int, inner, 8, 2**20)
+    json_fields.field(record, "rescore", int, inner, 0, MAX_RESCORE)
     if record["bits"] % 8 or record.get("rotation") not in ROTATION_KINDS:
         raise PactlError(
             f"{where}: binary record {record!r:.120} has bits that are not whole bytes or an "

@@ -14,7 +14,7 @@ from pactl.results import Hit
 
 
 class Items(Protocol):
-    """What a search reads of a bundle's item table (pactl.items.ItemTable)."""
+    """What a search reads of a bundle's item table (pactl.store.item_table.ItemTable)."""
 
     @property
     def ids(self) -> np.ndarray: ...  # (n,) int64

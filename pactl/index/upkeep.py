@@ -12,26 +12,11 @@ from typing import Any
 import faiss
 import numpy as np
 
-from pactl import checksums
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
-from pactl.fsutil import (
-    current_dir,
-    generation_of,
-    link_names,
-    new_generation,
-    read_current,
-    remove_stale,
-    writer_lock,
-)
 from pactl.index.binary.build import BINARY_FILES, add_codes, codes_without
 from pactl.index.binary.search import BinaryIndex
-from pactl.index.build import (
-    ADD_BATCH,
-    add_vectors,
-    as_matrix,
-    faiss_reason,
-)
+from pactl.index.build import ADD_BATCH, add_vectors, as_matrix, faiss_reason
 from pactl.index.bundle import (
     BUNDLE_FILES,
     INDEX_FILE,
@@ -52,7 +37,17 @@ from pactl.index.ondisk import (
 )
 from pactl.index.reading import check_count, check_folder, load_bundle, read_tables
 from pactl.index.search import in_sorted
-from pactl.items import ID_MAX, TABLE_FILE, ItemTable
+from pactl.store import checksums
+from pactl.store.generations import (
+    current_dir,
+    generation_of,
+    link_names,
+    new_generation,
+    read_current,
+    remove_stale,
+    writer_lock,
+)
+from pactl.store.item_table import ID_MAX, TABLE_FILE, ItemTable
 
 
 def add_to_bundle(

@@ -1,14 +1,14 @@
 """`pactl index --verify` and `pactl serve`'s start: a bundle's files against the content
-checksums its meta.json records (pactl.checksums), after the cheap checks every open makes."""
+checksums its meta.json records (pactl.store.checksums), after the cheap checks every open makes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pactl import checksums
 from pactl.console import QUIET, Reporter
-from pactl.fsutil import read_current
 from pactl.index.reading import load_bundle, read_meta
+from pactl.store import checksums
+from pactl.store.generations import read_current
 
 FIX = "rebuild the bundle with `pactl index`"
 

@@ -57,7 +57,7 @@ def export_onnx(
     import torch
 
     from pactl.checkpoint import fingerprint, load_model
-    from pactl.fsutil import atomic_path
+    from pactl.store.generations import atomic_path
 
     require("pactl export --format onnx", *EXTRA)
     if not ONNX_MIN_OPSET <= config.opset <= ONNX_MAX_OPSET:

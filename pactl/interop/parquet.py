@@ -5,7 +5,7 @@ rows) beside `metadata/metadata_NNNNN.parquet` (one row per vector, the same ord
 
 pactl's own folder adds `meta.json` (`format: "pactl.parquet"`, the vectors' fingerprint and
 model_config, so a bundle built from it is queried with the same checkpoint) and is written as
-one generation (pactl.fsutil). A folder without meta.json (clip-retrieval's output) is read too:
+one generation (pactl.store.generations). A folder without meta.json (clip-retrieval's output) is read too:
 its metadata needs a `path` column (or clip-retrieval's `image_path`); `id` defaults to the row's
 position, `label` to "", `size` and `mtime_ns` to -1 (unknown).
 """
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from pactl import records
 from pactl.config import ParquetConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.interop import require
+from pactl.store import json_fields
 from pactl.version import __version__
 
 PARQUET_FORMAT = "pactl.parquet"
@@ -53,7 +53,7 @@ def write_parquet(
     meta.json; `config.rows_per_shard` vectors go to a shard at most. Returns the meta.json
     written."""
     require("Parquet vectors", *EXTRA)
-    from pactl.fsutil import check_replaceable, new_generation
+    from pactl.store.generations import check_replaceable, new_generation
 
     check_replaceable(out, PARQUET_FORMAT, PARQUET_FILES)
     total = sum(len(v) for v, _ in parts)
@@ -103,7 +103,7 @@ def read_parquet(folder: Path) -> tuple[list[tuple[np.ndarray, Any]], dict[str, 
     """The layout's shards as (memory-mapped vectors, ItemTable) parts in shard order, and a
     vectors meta (pactl's meta.json, or one made from the shards for other tools' folders)."""
     require("Parquet vectors", *EXTRA)
-    from pactl.fsutil import read_current
+    from pactl.store.generations import read_current
 
     return read_current(folder, lambda gen: _read_generation(gen, folder))
 
@@ -214,15 +214,15 @@ def _read_meta(gen: Path, folder: Path) -> dict[str, Any] | None:
     if not (gen / META).is_file():
         return None
     where = folder / META
-    meta = records.read_json_object(gen / META, where, "a pactl Parquet meta.json")
+    meta = json_fields.read_json_object(gen / META, where, "a pactl Parquet meta.json")
     if meta.get("format") != PARQUET_FORMAT:
         raise PactlError(
             f"{where} is not a pactl Parquet meta.json (format {meta.get('format')!r})"
         )
-    version = records.field(meta, "version", int, where)
+    version = json_fields.field(meta, "version", int, where)
     if version > PARQUET_VERSION:
         raise PactlError(f"{where} was written by a newer pactl (version {version})")
-    records.field(meta, "dimension", int, where, 1, 65_536)
-    records.field(meta, "fingerprint", str, where, optional=True)
-    records.field(meta, "model_config", dict, where, optional=True)
+    json_fields.field(meta, "dimension", int, where, 1, 65_536)
+    json_fields.field(meta, "fingerprint", str, where, optional=True)
+    json_fields.field(meta, "model_config", dict, where, optional=True)
     return meta

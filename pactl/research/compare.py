@@ -248,8 +248,8 @@ def compare(
     """The comparison of the runs under `paths` as `fmt` (with Recall@1 and MAP@R after each
     epoch of `at`), a table within `width` characters where one is given (rendered); with
     `out`, also compare.csv, compare.md (every column) and compare.png (the figure)."""
-    from pactl.fsutil import atomic_write_text, make_folder
     from pactl.report import save_figure
+    from pactl.store.generations import atomic_write_text, make_folder
 
     runs = [read_run(p) for p in find_runs(paths)]
     groups = group_runs(runs)

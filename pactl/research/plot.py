@@ -177,8 +177,8 @@ class PlotResult:
 
 def plot_run(run: Path, out: Path, config: PlotConfig, reporter: Reporter) -> PlotResult:
     """tsne.png and retrieval.png of the run in `out`."""
-    from pactl.fsutil import make_folder
     from pactl.report import retrieval_grid, save_figure
+    from pactl.store.generations import make_folder
 
     make_folder(out)
     sample = sample_test(run, config, reporter)

@@ -20,8 +20,8 @@ from pactl.config import ModelConfig, TrainConfig
 from pactl.console import Reporter
 from pactl.datasets import Manifest
 from pactl.errors import PactlError, UsageError
-from pactl.fsutil import atomic_write_text
 from pactl.rules import MAX_SEED
+from pactl.store.generations import atomic_write_text
 
 MAX_SEEDS = 100
 

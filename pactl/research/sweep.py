@@ -5,7 +5,7 @@ A sweep folder holds everything: sweep.json (what is swept, the base recipe), jo
 database), points/<point>-s<seed>/ (one ordinary run folder per point and seed) and
 locks/<point>-s<seed>/ (a writer lock each: a point is trained by one process at a time) and
 cache/ (what points that start alike compute once: the epoch-0 row, the BatchNorm calibration of a
-random network, the header check of the images; pactl.start_cache).
+random network, the header check of the images; pactl.training.start_cache).
 
 The run folders are what makes a sweep resumable: a point whose run folder has all its epochs is
 read back, never trained again; one with a checkpoint.pt resumes from it; one without starts
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from pactl.config import ModelConfig, TrainConfig, to_dict
 from pactl.console import QUIET, Reporter
 from pactl.errors import Busy, PactlError, UsageError
-from pactl.fsutil import atomic_write_text, make_folder, writer_lock
 from pactl.recipe import settle
+from pactl.store.generations import atomic_write_text, make_folder, writer_lock
 
 if TYPE_CHECKING:
     import optuna

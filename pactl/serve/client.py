@@ -25,8 +25,8 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from pactl.errors import PactlError, UsageError
-from pactl.files import NotRegular, open_regular, os_reason
 from pactl.results import Hit, QueryChunk
+from pactl.store.regular_files import NotRegular, open_regular, os_reason
 
 CHUNK = 128
 DEFAULT_LIMITS = (20 * 1024 * 1024, 128)  # bytes and files, where /health does not say them
@@ -97,7 +97,7 @@ def limits(url: str, token: str | None) -> tuple[int, int]:
 
 def read_image_bytes(path: Path) -> bytes:
     """A query file's bytes, or the reason it cannot be read, as a local query gives it
-    (pactl.files: a folder, a FIFO or a device is never opened), without decoding it (the
+    (pactl.store.regular_files: a folder, a FIFO or a device is never opened), without decoding it (the
     service decodes, with embed's limits) and without importing torch."""
     try:
         with open_regular(path) as f:

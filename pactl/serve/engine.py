@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from pactl.fsutil import generation_of
-from pactl.items import ID_MAX
 from pactl.serve.config import ServeConfig
+from pactl.store.generations import generation_of
+from pactl.store.item_table import ID_MAX
 
 
 @dataclass

@@ -20,8 +20,8 @@ from fastapi import HTTPException
 
 from pactl.datasets.manifest import IMAGE_EXTENSIONS
 from pactl.errors import NoSpace
-from pactl.files import NotRegular, check_regular
-from pactl.fsutil import FULL_DISK, make_folder
+from pactl.store.generations import FULL_DISK, make_folder
+from pactl.store.regular_files import NotRegular, check_regular
 
 SAFE = re.compile(r"[^\w.-]+")  # letters and digits of any script are kept
 NAME_BYTES = 150  # of a kept name's end, in UTF-8: well inside a file system's 255

@@ -18,8 +18,8 @@ from pactl.config import to_dict
 from pactl.console import Reporter
 from pactl.datasets import Manifest
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_write_text
 from pactl.runs import append_metrics, run_config, selection_score, writing_in
+from pactl.store.generations import atomic_write_text
 from pactl.training.noise import noise_record
 from pactl.training.trainer import Best, RunFolder, RunState, Trainer
 
@@ -27,9 +27,9 @@ from pactl.training.trainer import Best, RunFolder, RunState, Trainer
 def write_provenance(
     t: Trainer, run_dir: Path, info: dict[str, Any], manifest: Manifest, resume: bool
 ) -> None:
-    """provenance.json (pactl.provenance): written when the run starts; a resume keeps it and
+    """provenance.json (pactl.training.provenance): written when the run starts; a resume keeps it and
     adds its own command line, versions and devices under `resumes`."""
-    from pactl import provenance
+    from pactl.training import provenance
 
     path = run_dir / "provenance.json"
     here = provenance.collect(

@@ -14,18 +14,18 @@ import torch
 from pactl.config import ModelConfig, TrainConfig
 from pactl.console import Reporter
 from pactl.datasets import Manifest
-from pactl.distributed import barrier, init_world
 from pactl.errors import PactlError
-from pactl.evaluation import calibrate_checkpoint
 from pactl.loaders import loader_for
 from pactl.recipe import describe_recipe, resolve_train_config
 from pactl.runs import metric_columns, truncate_metrics, writing_in
+from pactl.training.distributed import barrier, init_world
 from pactl.training.epoch_records import (
     record_epoch,
     restore_state,
     tensorboard_writer,
     write_run_files,
 )
+from pactl.training.evaluation import calibrate_checkpoint
 from pactl.training.noise import with_label_noise
 from pactl.training.robust import label_doubt
 from pactl.training.samplers import SAMPLERS, RankSlice
@@ -102,14 +102,14 @@ def fit(
     (not on resume: the plans made before stand), epochs are fitted to it after epoch 0 and
     again after the first epoch that trains everything.
     `shared_start`: a folder where runs that start alike share their epoch-0 row, BatchNorm
-    calibration and header check (pactl.start_cache)."""
+    calibration and header check (pactl.training.start_cache)."""
     began = time.perf_counter()
     world = init_world(cfg.device)
     if cfg.batch_size % world.size:
         raise PactlError(
             f"--batch-size {cfg.batch_size} is not divisible by {world.size} processes"
         )
-    cfg = resolve_train_config(model_cfg, cfg, world)
+    cfg = resolve_train_config(model_cfg, cfg, world.enabled)
     readable = readable_rows(manifest, run_dir, reporter, world.is_main, shared_start)
     splits = check_splits(readable, cfg, len(manifest) - len(readable))
     cfg = selection_of(cfg, splits, reporter)

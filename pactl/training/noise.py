@@ -117,8 +117,8 @@ def with_label_noise(
     """The training labels (codes into `classes`) as the run trains on them: unchanged for a
     rate of 0, else corrupted and every change written to run_dir/noise.csv (path, the label,
     the noisy label, the group) by the main process."""
-    from pactl.csvcells import write_rows
     from pactl.runs import writing_in
+    from pactl.store.csv_cells import write_rows
 
     rate, kind = parse_noise(spec)
     if rate == 0:
@@ -159,7 +159,7 @@ def read_noise(run_dir: Path) -> dict[str, str]:
     import csv
     import io
 
-    from pactl.csvcells import unescape_cell
+    from pactl.store.csv_cells import unescape_cell
 
     path = run_dir / NOISE_FILE
     if not path.is_file():

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from pactl.config import TrainConfig
-from pactl.distributed import World
 from pactl.errors import PactlError
+from pactl.training.distributed import World
 
 
 class MPerClassSampler(torch.utils.data.Sampler[int]):

@@ -34,7 +34,7 @@ def readable_rows(
     training, not met one by one when drawn), which are reported once: one warning, and
     run_dir/skipped.csv (path, reason) written by the main process. With `shared` (a sweep's
     cache folder), a check of the same files, unchanged since, is read from there."""
-    from pactl.csvcells import write_rows
+    from pactl.store.csv_cells import write_rows
 
     bad = unreadable_files(manifest.files(), reporter if main else QUIET, shared)
     if not bad:
@@ -56,8 +56,8 @@ def unreadable_files(
     files: list[Path], reporter: Reporter, shared: Path | None
 ) -> list[tuple[str, str]]:
     """images.unreadable_images, or its result for the same files stored under `shared`."""
-    from pactl import start_cache
     from pactl.images import unreadable_images
+    from pactl.training import start_cache
 
     if shared is None:
         return unreadable_images(files, reporter)

@@ -1,6 +1,6 @@
 """Epoch 0: the network evaluated before its first step (the start every later epoch is
 compared with), the BatchNorm statistics of random weights calibrated first, both shared by
-sweep points that start alike (pactl.start_cache).
+sweep points that start alike (pactl.training.start_cache).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pactl import checkpoint as ckpt
 from pactl.budget import duration_words
 from pactl.console import QUIET, Reporter
 from pactl.datasets import Manifest
-from pactl.distributed import barrier
 from pactl.loaders import loader_for
+from pactl.training.distributed import barrier
 from pactl.training.epoch_records import record_epoch
 from pactl.training.splits import Splits
 from pactl.training.timing import estimate_epoch
@@ -56,8 +56,8 @@ def start_metrics(
 ) -> dict[str, float]:
     """Epoch 0's metrics and the seconds they took: evaluated, or (with `shared`) the row a run
     whose network started alike stored there, and stored there when evaluated."""
-    from pactl import start_cache
-    from pactl.provenance import data_fingerprint
+    from pactl.training import start_cache
+    from pactl.training.provenance import data_fingerprint
 
     if shared is None:
         return timed_evaluation(t, splits, reporter)
@@ -103,8 +103,8 @@ def calibrate_batchnorm(
     transform, no gradient), so epoch 0 measures the network training starts from. With
     `shared` (a sweep's cache folder), a network that starts from the same state on the same
     batches loads the statistics stored there."""
-    from pactl import start_cache
-    from pactl.provenance import data_fingerprint
+    from pactl.training import start_cache
+    from pactl.training.provenance import data_fingerprint
 
     norms = [m for m in t.net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if not norms:

@@ -15,11 +15,11 @@ from pactl.budget import duration_words
 from pactl.config import TrainConfig
 from pactl.console import Reporter, counted
 from pactl.datasets import Manifest
-from pactl.distributed import agree
 from pactl.loaders import loader_for
 from pactl.model import freeze_batchnorm
 from pactl.recipe import describe_schedule
 from pactl.runtime import autocast
+from pactl.training.distributed import agree
 from pactl.training.trainer import (
     Trainer,
     make_scheduler,

@@ -16,11 +16,11 @@ from torch import nn
 from pactl.config import ModelConfig, TrainConfig
 from pactl.console import Reporter
 from pactl.datasets import Manifest
-from pactl.distributed import World, gather_batch, share_sizes
 from pactl.errors import PactlError
-from pactl.evaluation import evaluate
 from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
 from pactl.runtime import autocast, resolve_device
+from pactl.training.distributed import World, gather_batch, share_sizes
+from pactl.training.evaluation import evaluate
 from pactl.training.splits import Splits
 
 
@@ -111,8 +111,8 @@ def set_warmup(net: EmbeddingNet, epoch: int, cfg: TrainConfig) -> None:
 
 
 def build_criterion(model_cfg: ModelConfig, cfg: TrainConfig, num_classes: int) -> nn.Module:
-    """The run's loss; with --bits, the code loss made around it (pactl.hashing)."""
-    from pactl.hashing import build_code_loss
+    """The run's loss; with --bits, the code loss made around it (pactl.codes.learned)."""
+    from pactl.codes.learned import build_code_loss
     from pactl.losses import build_loss
 
     if model_cfg.bits:

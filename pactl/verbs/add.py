@@ -17,7 +17,7 @@ from pactl.errors import PactlError
 from pactl.verbs.embed import embed_source_files
 from pactl.verbs.lineage import bundle_checkpoint
 from pactl.verbs.sources import source_items
-from pactl.verbs.vectors import gather_vectors
+from pactl.verbs.vector_sources import gather_vectors
 
 if TYPE_CHECKING:
     from pactl.checkpoint import ModelSource
@@ -37,8 +37,8 @@ def add_to_index(
 
     `checkpoint`: the bundle's checkpoint where it lies now (its recorded place may be gone);
     one with other weights than the bundle's is refused before any work."""
-    from pactl.fsutil import remove_stale, writer_lock
     from pactl.index import check_folder, load_bundle
+    from pactl.store.generations import remove_stale, writer_lock
 
     check_folder(bundle_dir)
     with writer_lock(bundle_dir):  # one writer at a time; queries go on reading

@@ -2,7 +2,7 @@
 of its outliers, and of its copies across splits or under two labels; a manifest without the
 rows a user chose to drop. Nothing here deletes, moves or relabels an image.
 
-Each item is scored in batches (pactl.doubt): the classes' witness (its cosine to its own class's
+Each item is scored in batches (pactl.audit.doubt): the classes' witness (its cosine to its own class's
 mean without itself, or with --centres proxies to the run's proxy, against the other classes'),
 the neighbours' witness (the share of its k nearest other items carrying its label), their
 blend, the label they suggest instead, and how far it lies from every class and every neighbour
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pactl import doubt
+from pactl.audit import doubt
+from pactl.audit.copies import Copy, CopyThreshold
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError, UsageError
-from pactl.verbs.copies import Copy, CopyThreshold
-from pactl.verbs.labelled import NO_PROXIES, Labelled
+from pactl.verbs.audit_inputs import NO_PROXIES, Labelled
 
 SCORES = ("blend", "classes", "neighbours")  # what ranks the suspected labels
 CENTRES = ("means", "proxies")  # what the classes' witness holds an item against
@@ -70,7 +70,7 @@ class AuditResult:
 
 def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     """The audit of a run folder (its data embedded by its network) or a bundle."""
-    from pactl.verbs.labelled import read_bundle, read_run
+    from pactl.verbs.audit_inputs import read_bundle, read_run
 
     check_config(config)
     if (target / "config.json").is_file():
@@ -83,7 +83,7 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     copies: list[Copy] = []
     threshold: CopyThreshold | None = None
     if config.copies:  # by the thumbnail descriptor, not the network's vectors
-        from pactl.verbs.copies import find_copies
+        from pactl.audit.copies import find_copies
 
         k, given = config.neighbours, config.copy_threshold
         workers = config.workers or min(os.cpu_count() or 1, 8)
@@ -236,7 +236,7 @@ def read_paths(path: Path) -> list[str]:
     import csv
     import io
 
-    from pactl.csvcells import unescape_cell
+    from pactl.store.csv_cells import unescape_cell
 
     try:
         text = path.read_text(encoding="utf-8", errors="surrogateescape")

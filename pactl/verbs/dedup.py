@@ -103,7 +103,7 @@ def _searcher(folder: Path, reporter: Reporter) -> tuple[Any, Any, dict[str, Any
                 "folder for exact ones"
             )
         return searcher, bundle.items.take(np.flatnonzero(live)), bundle.meta
-    from pactl.verbs.vectors import gather_vectors
+    from pactl.verbs.vector_sources import gather_vectors
 
     vectors, items, meta = gather_vectors(folder)
     return VectorSearcher(vectors, reporter=reporter), items, meta

@@ -30,7 +30,7 @@ def embed_source(
     in the whole (sorted) input list. Progress is committed every config.commit_every images.
     Vectors of another network in `out_dir` are replaced only with `overwrite`."""
     from pactl.embed import VECTORS_FILES, VECTORS_FORMAT, Shard, parse_shard
-    from pactl.fsutil import check_replaceable
+    from pactl.store.generations import check_replaceable
 
     part = parse_shard(shard) if shard else Shard()  # a usage mistake before any listing
     target = out_dir / "shards" / part.name if part.count > 1 else out_dir

@@ -52,8 +52,8 @@ def eval_checkpoint(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
-    from pactl.evaluation import evaluate
     from pactl.runtime import resolve_device
+    from pactl.training.evaluation import evaluate
 
     manifest = load_source(source, reporter, follow_links=follow_links)
     evaluation = manifest.select(*manifest.eval_splits())
@@ -83,8 +83,8 @@ def calibrate_source(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
-    from pactl.evaluation import calibrate_checkpoint, split_vectors
     from pactl.runtime import resolve_device
+    from pactl.training.evaluation import calibrate_checkpoint, split_vectors
 
     manifest = load_source(source, reporter, follow_links=follow_links)
     split = "val" if manifest.has_split("val") else "test"
@@ -123,9 +123,9 @@ def eval_codes(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
-    from pactl.evaluation import mean_pairwise_cosine, split_vectors
     from pactl.index.binary.metrics import code_metrics
     from pactl.runtime import resolve_device
+    from pactl.training.evaluation import mean_pairwise_cosine, split_vectors
 
     manifest = load_source(source, reporter, follow_links=follow_links)
     splits = manifest.eval_splits()
@@ -199,8 +199,8 @@ def gallery_codes(
 
 def bundle_network(bundle_dir: Path) -> Path:
     """The checkpoint that made a bundle (`pactl eval --index`); one line for a backbone's."""
-    from pactl.fsutil import read_current
     from pactl.index.reading import check_folder, read_meta
+    from pactl.store.generations import read_current
     from pactl.verbs.lineage import bundle_checkpoint
 
     check_folder(bundle_dir)

@@ -14,7 +14,7 @@ from pactl.config import (
 )
 from pactl.console import Reporter
 from pactl.verbs.index import check_apart
-from pactl.verbs.vectors import gather_vectors, read_parts
+from pactl.verbs.vector_sources import gather_vectors, read_parts
 
 
 def export_onnx(

@@ -17,7 +17,7 @@ from pactl.errors import PactlError
 from pactl.verbs.embed import embed_source_files
 from pactl.verbs.lineage import calibration_to_copy
 from pactl.verbs.sources import source_items
-from pactl.verbs.vectors import read_parts
+from pactl.verbs.vector_sources import read_parts
 
 if TYPE_CHECKING:
     from pactl.checkpoint import ModelSource
@@ -39,7 +39,6 @@ def index_vectors(
     rebuild that would drop live items of the bundle (added with --add, or another set of
     images) is refused unless `overwrite`.
     """
-    from pactl.fsutil import check_replaceable, new_generation
     from pactl.index import (
         BUNDLE_FILES,
         BUNDLE_FORMAT,
@@ -51,6 +50,7 @@ def index_vectors(
         write_bundle,
     )
     from pactl.index.binary.build import build_binary
+    from pactl.store.generations import check_replaceable, new_generation
 
     parts, meta = read_parts(vectors_dir)
     if meta["count"] == 0:
@@ -104,7 +104,7 @@ def binary_config(config: IndexConfig, meta: dict[str, Any], dim: int) -> IndexC
     asked (--binary), or by default for the vectors of a network that makes codes (`pactl
     train --bits N`: model_config bits N), whose signs are then the codes (rotation none, N
     bits) unless other settings are given. Checked before any work."""
-    from pactl.index.binary.codes import check_bits
+    from pactl.codes.rotation import check_bits
 
     network_bits = int((meta.get("model_config") or {}).get("bits", 0) or 0)
     if config.binary is False or (config.binary is None and not network_bits):
@@ -213,8 +213,8 @@ def index_images(
     already there is checked first: one of another kind, or whose live items `source` lacks
     (without `overwrite`), is refused before any embedding."""
     from pactl.embed import VECTORS_FILES, VECTORS_FORMAT
-    from pactl.fsutil import check_replaceable
     from pactl.index import BUNDLE_FILES, BUNDLE_FORMAT, rebuild_facts
+    from pactl.store.generations import check_replaceable
 
     bundle = out or default_bundle_dir(model_from if isinstance(model_from, Path) else None)
     check_replaceable(bundle, BUNDLE_FORMAT, BUNDLE_FILES)  # before minutes of embedding

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from pactl.config import ModelConfig, TrainConfig, check, option_name, override, resume_keeps
 from pactl.console import Reporter, quoted
 from pactl.errors import PactlError, UsageError
-from pactl.paths import runs_dir
 from pactl.recipe import Recipe
+from pactl.store.home import runs_dir
 
 if TYPE_CHECKING:
     from pactl.datasets import Manifest

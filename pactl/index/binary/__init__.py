@@ -1,4 +1,3 @@
-"""Binary codes of float vectors and the bundles that hold them: the rotation before the signs
-(codes.py), the index a binary bundle searches, its Hamming candidates rescored by exact cosine
-(search.py), its build and tuning (build.py), and the metrics of codes on a labelled set
-(metrics.py)."""
+"""Bundles of binary codes (the codes themselves, and their rotation, are pactl.codes'), in
+reading order: build.py (the binary index, its build and tuning), search.py (Hamming candidates
+rescored by exact cosine) and metrics.py (the metrics of codes on a labelled set)."""

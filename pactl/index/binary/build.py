@@ -16,34 +16,33 @@ from typing import Any
 import faiss
 import numpy as np
 
+from pactl.codes.rotation import Rotation, check_bits, learn_rotation
 from pactl.config import IndexConfig
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.index.binary.codes import Rotation, check_bits, learn_rotation
 from pactl.index.binary.search import BinaryIndex, hnsw_of, rescore
 from pactl.index.build import (
     ADD_BATCH,
-    RECALL_K,
     TRAIN_POINTS_PER_LIST,
-    TUNING_QUERIES,
-    Part,
-    _check_unit_rows,
-    _count,
-    _Knob,
-    _read_rows,
-    _smallest_setting,
-    _unit_blocks,
     check_parts,
     choose_binary_factory,
-    exact_neighbours,
     faiss_reason,
-    recall_at_k,
 )
-from pactl.index.mapped import blocks, drop_pages
+from pactl.index.exact import exact_neighbours
+from pactl.index.mapped import (
+    Part,
+    blocks,
+    check_unit_rows,
+    count_rows,
+    drop_pages,
+    read_rows,
+    unit_blocks,
+)
 from pactl.index.search import exclude_by_id
+from pactl.index.tune import RECALL_K, TUNING_QUERIES, Knob, ann_recall, smallest_setting
 
 FLOATS_FILE = "floats.npy"  # the bundle's float vectors, row i = item row i: rescoring reads them
-ROTATION_FILE = "rotation.npy"  # the map before the signs (pactl.index.binary.codes.Rotation)
+ROTATION_FILE = "rotation.npy"  # the map before the signs (pactl.codes.rotation.Rotation)
 BINARY_FILES = (ROTATION_FILE, FLOATS_FILE)  # what a binary bundle holds beside a float one's
 ROTATION_SAMPLE = 65_536  # vectors a rotation is learned and chosen on
 CHOICE_QUERIES = 1_000  # of them, the queries that measure each rotation
@@ -95,8 +94,8 @@ def build_codes(
     trials: dict[str, Any] = {}
     if rotation is None:
         rows = np.sort(rng.choice(n, min(n, ROTATION_SAMPLE), replace=False))
-        sample, _ = _read_rows(parts, rows)
-        _check_unit_rows(sample, rows)
+        sample, _ = read_rows(parts, rows)
+        check_unit_rows(sample, rows)
         rotation, trials = choose_rotation(sample, bits, config.rotation, seed, reporter)
         del sample
     codes, ids = code_parts(parts, rotation, reporter)
@@ -214,7 +213,7 @@ def choose_rotation(
         flat.add(codes)
         distances, found = flat.search(codes[rows], k + 1)
         found = exclude_by_id(distances.astype(np.float32), found, rows, k)[1]
-        reached[name] = round(recall_at_k(found, truth), 4)
+        reached[name] = round(ann_recall(found, truth), 4)
         reporter.log(f"  rotation {name}: codes' recall@10 {reached[name]:.4f} on the sample")
     best = max(kinds, key=lambda name: reached[name])  # the first of equals
     return learned[best], {"rotation_recall_at_10": reached, "rotation_sample": len(sample)}
@@ -225,11 +224,11 @@ def code_parts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(codes (n, bits / 8) uint8, ids (n,) int64) of every row of the parts, in order, a
     block at a time (each block checked to be unit vectors, pactl.index.build)."""
-    n = _count(parts)
+    n = count_rows(parts)
     codes = np.empty((n, rotation.bits // 8), dtype=np.uint8)
     ids = np.empty(n, dtype=np.int64)
     with reporter.bar("coding vectors", total=n) as advance:
-        for row, batch, batch_ids in _unit_blocks(parts):
+        for row, batch, batch_ids in unit_blocks(parts):
             codes[row : row + len(batch)] = rotation.codes(batch)
             ids[row : row + len(batch)] = batch_ids
             advance(len(batch))
@@ -290,14 +289,14 @@ def tune_binary(
     pactl.index.build's tune does). The depth is tuned with the codes searched exhaustively
     (for an approximate index to RESCORE_MARGIN more, which its setting then spends), unless
     the config gives it; the record goes to meta.json ("target_reached": the target itself)."""
-    n, target = _count(parts), config.target_recall
+    n, target = count_rows(parts), config.target_recall
     aim = min(1.0, target + TUNING_MARGIN)  # what the last setting tuned is tuned for
     k = min(RECALL_K, n - 1)
     record: dict[str, Any] = {"search_params": "", "recall_at_10": None, "target_recall": target}
     if k < 1:
         return binary, {**record, "target_reached": False, "tuning_queries": 0, "binary": {}}
     rows = np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
-    queries, own = _read_rows(parts, rows)
+    queries, own = read_rows(parts, rows)
     truth = exact_neighbours(parts, queries, own, k)
 
     def measure(candidates: int, params: str) -> float:
@@ -315,7 +314,7 @@ def tune_binary(
         params, recall = "", measure(depth, "")
         reached = recall >= target
     else:
-        found = _smallest_setting(knob, lambda p: measure(depth, p), aim, reporter)
+        found = smallest_setting(knob, lambda p: measure(depth, p), aim, reporter)
         params, recall = knob.params(found[0]), found[1]
         reached = recall >= target
     hamming = measure(0, params)
@@ -346,8 +345,8 @@ def _tuned_depth(
     def measure(setting: str) -> float:
         return _recall(binary, tried, k, int(setting.partition("=")[2]), pool)
 
-    knob = _Knob("rescore", 1, MAX_TUNED_RESCORE, lambda f: f"rescore={f}")
-    return _smallest_setting(knob, measure, aim, reporter)[0]
+    knob = Knob("rescore", 1, MAX_TUNED_RESCORE, lambda f: f"rescore={f}")
+    return smallest_setting(knob, measure, aim, reporter)[0]
 
 
 def _recall(
@@ -368,17 +367,17 @@ def _recall(
     found = exclude_by_id(np.zeros(mine.shape, np.float32), mine, own, wanted - 1)[1]
     if depth:
         found = rescore(binary.floats, binary.positions, queries, found, k)[1]
-    return recall_at_k(found[:, :k], truth)
+    return ann_recall(found[:, :k], truth)
 
 
-def code_knob(codes: Any, k: int) -> _Knob | None:
+def code_knob(codes: Any, k: int) -> Knob | None:
     """The code index's search setting that trades speed for recall (nprobe of an IVF,
     efSearch of a graph), or None for exact search."""
     inner = faiss.downcast_IndexBinary(codes)
     if isinstance(inner, faiss.IndexBinaryIVF):
-        return _Knob("nprobe", 1, int(inner.nlist), lambda p: f"nprobe={p}")
+        return Knob("nprobe", 1, int(inner.nlist), lambda p: f"nprobe={p}")
     if hnsw_of(codes) is not None:
-        return _Knob("efSearch", max(16, k + 1), max(4096, k + 1), lambda e: f"efSearch={e}")
+        return Knob("efSearch", max(16, k + 1), max(4096, k + 1), lambda e: f"efSearch={e}")
     return None
 
 
@@ -413,7 +412,7 @@ def add_codes(
     """`binary` with `vectors` appended: coded into its code index (same rotation, same lists)
     and written after its float vectors into gen/floats.npy, which rows `positions` (the
     joined item table's) map ids to."""
-    _check_unit_rows(vectors, np.arange(len(vectors)))
+    check_unit_rows(vectors, np.arange(len(vectors)))
     shape = (binary.ntotal + len(vectors), binary.d)
     chunks = itertools.chain((b for _, b in blocks(binary.floats)), [vectors])
     floats = write_floats(gen / FLOATS_FILE, shape, chunks)

@@ -16,8 +16,8 @@ from typing import Any
 import faiss
 import numpy as np
 
+from pactl.codes.rotation import Rotation, hamming_scores
 from pactl.errors import PactlError
-from pactl.index.binary.codes import Rotation, hamming_scores
 from pactl.index.mapped import drop_pages
 
 MAX_RESCORE = 10_000  # candidates per hit a search may be asked to rescore

@@ -6,7 +6,7 @@ fixed-width columns and UTF-8 blobs, memory-mapped, so opening it reads a header
 decoded only when a caller asks for its row.
 
 items.bin layout: 8 bytes magic, a little-endian uint64 header length, a JSON header
-({"format": "pactl.items", "version": 1, "count": n, "identity": ..., "sections": {name:
+({"format": "pactl.store.item_table", "version": 1, "count": n, "identity": ..., "sections": {name:
 [dtype, offset, count]}}), then the sections, each starting at a multiple of 64 bytes after
 the first such multiple past the header (offsets count from there).
 """
@@ -23,9 +23,9 @@ from typing import IO, Any, overload
 
 import numpy as np
 
-from pactl.csvcells import unescape_cell, write_rows
 from pactl.errors import PactlError
-from pactl.paths import NAME_ENCODING, NAME_ERRORS
+from pactl.store.csv_cells import unescape_cell, write_rows
+from pactl.store.home import NAME_ENCODING, NAME_ERRORS
 
 ITEMS_HEADER = ("id", "path", "label")
 STAT_COLUMNS = ("size", "mtime_ns")  # after ITEMS_HEADER; -1 where unknown
@@ -33,7 +33,7 @@ UNKNOWN = -1
 ENCODING, ERRORS = NAME_ENCODING, NAME_ERRORS  # file names keep their bytes
 
 TABLE_FILE = "items.bin"  # a bundle's lean table; its items.csv stays as the export
-TABLE_FORMAT = "pactl.items"
+TABLE_FORMAT = "pactl.store.item_table"
 TABLE_VERSION = 1
 MAGIC = b"PACTLIT\x00"
 ALIGN = 64

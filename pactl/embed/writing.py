@@ -20,7 +20,6 @@ from torch import nn
 from pactl.checkpoint import Network
 from pactl.config import EmbedConfig, ModelConfig, to_dict
 from pactl.console import Reporter
-from pactl.csvcells import write_rows
 from pactl.embed import fastpath
 from pactl.embed.folder import (
     ITEMS_COLUMNS,
@@ -32,7 +31,8 @@ from pactl.embed.folder import (
 )
 from pactl.embed.forward import Embedded, embed_files
 from pactl.errors import PactlError
-from pactl.fsutil import (
+from pactl.store.csv_cells import write_rows
+from pactl.store.generations import (
     KeepCurrent,
     allocate,
     atomic_path,
@@ -62,7 +62,7 @@ def read_previous(out_dir: Path, fingerprint: str) -> Previous | None:
         vectors, meta = read_vectors_in(folder, out_dir)
         if meta.get("fingerprint") != fingerprint:
             return None
-        from pactl.items import ItemTable
+        from pactl.store.item_table import ItemTable
 
         items = ItemTable.read(folder / "items.csv")
         columns = (items.paths, items.ids.tolist(), items.sizes.tolist(), items.mtimes.tolist())
@@ -160,7 +160,7 @@ def embed_to_folder(
     replace_other: bool = False,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
-    one new generation of `out_dir` (pactl.fsutil): a kill leaves the old output or the new.
+    one new generation of `out_dir` (pactl.store.generations): a kill leaves the old output or the new.
     `scratch`: a private folder, without the visible links. Vectors of another network already
     in `out_dir` are refused before any work, unless `replace_other` (`embed --overwrite`).
 

@@ -5,14 +5,14 @@ Copies are found in two steps, neither by the network's embedding (a metric netw
 class's images together, and on small images it puts a resized copy no nearer to its original
 than the original's class-mates):
 
-- proposed by the thumbnail descriptor (pactl.thumbnails): every image's whole-image descriptor
-  goes into a FAISS index (pactl.verbs.labelled.cosine_index); each image's k nearest are
+- proposed by the thumbnail descriptor (pactl.audit.thumbnails): every image's whole-image descriptor
+  goes into a FAISS index (pactl.index.exact.cosine_index); each image's k nearest are
   candidates (k: audit's --neighbours, at least CANDIDATES), and so are the PER_BOX nearest of
   the descriptor of each of BOXES of each image (a crop of the image there), in sets of up to
   CROP_ITEMS images. Each copy keeps its k likeliest originals, and those whose cosine reaches
   the one PROPOSED of the copies the audit makes reach are aligned (the ALIGN_MOST likeliest
   where more do);
-- accepted by aligning the two images pixel by pixel (pactl.alignment): the likeness, 1 - the
+- accepted by aligning the two images pixel by pixel (pactl.audit.alignment): the likeness, 1 - the
   root-mean-square grey difference / 255 of the best placement.
 
 Pairs at or above a likeness threshold are reported when they cross splits or carry two labels.
@@ -35,15 +35,15 @@ kinds of the copies made are found there.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.verbs.labelled import Labelled
 
 COPY_SAMPLE = 256  # images copied to calibrate the threshold
 COPY_RECALL = 0.98  # share of those copies at or above it
@@ -57,6 +57,21 @@ ALIGN_MOST = 200_000  # candidate pairs aligned at most (the likeliest; 2 to 3 m
 CHUNK = 500  # candidate pairs a process aligns at once
 PARALLEL_FROM = 4_000  # candidate pairs from which processes share the alignment
 CHANGES = ("resize", "crop", "jpeg", "all")
+
+
+class CopySource(Protocol):
+    """What the copy search reads of a labelled set: row i's image path, label code and split
+    ('' unknown), and its name for messages (pactl.verbs.audit_inputs.Labelled is one)."""
+
+    @property
+    def paths(self) -> Sequence[str]: ...
+    @property
+    def codes(self) -> np.ndarray: ...
+    @property
+    def splits(self) -> Sequence[str]: ...
+    @property
+    def what(self) -> str: ...
+    def __len__(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +113,7 @@ class Looks:
     """Every audited row's whole-image descriptor (unit rows, zero where unread), the bases the
     boxes are cut from (None above CROP_ITEMS rows) and the candidate pairs."""
 
-    describe: Any  # pactl.thumbnails.Whitening: thumbnails -> descriptors
+    describe: Any  # pactl.audit.thumbnails.Whitening: thumbnails -> descriptors
     descriptors: np.ndarray
     bases: np.ndarray | None
     candidates: Candidates
@@ -156,7 +171,7 @@ def write_copies(paths: list[str], folder: Path, seed: int) -> tuple[list[Path],
 
 
 def find_copies(
-    data: Labelled,
+    data: CopySource,
     k: int,
     given: float | None,
     batch_size: int,
@@ -195,14 +210,21 @@ def proposal_floor(made: Made, crops: bool) -> float:
 
 
 def look(
-    data: Labelled, k: int, batch_size: int, reporter: Reporter, workers: int = 1
+    data: CopySource, k: int, batch_size: int, reporter: Reporter, workers: int = 1
 ) -> Looks | None:
     """Every row's descriptor (the images read by `workers` processes) and the candidate pairs:
     each row's k nearest whole images, and the PER_BOX nearest of each box of it (up to
     CROP_ITEMS rows), through a FAISS index of the whole descriptors, in batches (None: fewer
     than 2 images read)."""
-    from pactl.thumbnails import BOXES, DIMS, box_thumbnails, fit_whitening, integral, read_pictures
-    from pactl.verbs.labelled import cosine_index
+    from pactl.audit.thumbnails import (
+        BOXES,
+        DIMS,
+        box_thumbnails,
+        fit_whitening,
+        integral,
+        read_pictures,
+    )
+    from pactl.index.exact import cosine_index
 
     pictures = read_pictures(data.paths, reporter, len(data) <= CROP_ITEMS, workers)
     if pictures.read.sum() < 2:
@@ -287,12 +309,12 @@ def best_of_each(key: np.ndarray, score: np.ndarray) -> np.ndarray:
     return order[np.r_[True, ordered[1:] != ordered[:-1]]]
 
 
-def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
+def made_copies(data: CopySource, looks: Looks, seed: int) -> Made:
     """Copies made of COPY_SAMPLE of the rows read (write_copies), and how the two steps see
     each: its whole descriptor's best cosine to a box of its row (the whole image alone where
     no bases were kept), and its likeness aligned on that box."""
-    from pactl.alignment import likeness_of_pairs
-    from pactl.thumbnails import BOXES, box_thumbnails, integral, read_pictures
+    from pactl.audit.alignment import likeness_of_pairs
+    from pactl.audit.thumbnails import BOXES, box_thumbnails, integral, read_pictures
 
     rng = np.random.default_rng(seed)
     seen = np.flatnonzero(np.any(looks.descriptors != 0, axis=1))
@@ -325,13 +347,13 @@ def made_copies(data: Labelled, looks: Looks, seed: int) -> Made:
 
 
 def aligned_pairs(
-    data: Labelled, candidates: Candidates, floor: float, reporter: Reporter, workers: int = 1
+    data: CopySource, candidates: Candidates, floor: float, reporter: Reporter, workers: int = 1
 ) -> Pairs:
     """(low row, high row, likeness) of each candidate pair whose cosine reaches `floor` (the
     ALIGN_MOST likeliest where more do), once (its best of the two directions), aligned by
     `workers` processes (in this one below PARALLEL_FROM pairs); a pair with an unreadable
     image is left out."""
-    from pactl.thumbnails import BOXES
+    from pactl.audit.thumbnails import BOXES
 
     keep = np.flatnonzero(candidates.cosine >= floor)
     if len(keep) > ALIGN_MOST:
@@ -360,17 +382,17 @@ def aligned_pairs(
 
 
 def align(items: list[Any], workers: int, reporter: Reporter) -> np.ndarray:
-    """pactl.alignment.likeness_of_pairs over `items`, CHUNK at a time, in `workers` processes
+    """pactl.audit.alignment.likeness_of_pairs over `items`, CHUNK at a time, in `workers` processes
     where there are PARALLEL_FROM items or more."""
-    from pactl.alignment import likeness_of_pairs
-    from pactl.parallel import in_chunks
+    from pactl.audit.alignment import likeness_of_pairs
+    from pactl.audit.processes import in_chunks
 
     with reporter.bar("aligning candidate pairs", total=len(items)) as advance:
         parts = in_chunks(likeness_of_pairs, items, CHUNK, workers, advance, PARALLEL_FROM)
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def calibrate_copies(data: Labelled, made: Made, floor: float, pairs: Pairs) -> CopyThreshold:
+def calibrate_copies(data: CopySource, made: Made, floor: float, pairs: Pairs) -> CopyThreshold:
     """The copy threshold, precision first: the higher of the likeness COPY_RECALL of the copies
     made of the set's images reach and the lowest at which the pairs estimated false are at
     most COPY_FALSE of those reported (identical pictures always reported)."""
@@ -387,7 +409,7 @@ def calibrate_copies(data: Labelled, made: Made, floor: float, pairs: Pairs) -> 
     return CopyThreshold(cosine, how)
 
 
-def precise_cosine(data: Labelled, pairs: Pairs) -> tuple[float, str]:
+def precise_cosine(data: CopySource, pairs: Pairs) -> tuple[float, str]:
     """The lowest likeness at which the pairs within one split (less the identical), scaled to the
     pairs across splits, are at most COPY_FALSE of the pairs across splits, among the aligned
     `pairs`; with one split, the pairs under two labels stand for both. And the words for it."""
@@ -421,7 +443,7 @@ def possible_pairs(split: np.ndarray) -> tuple[int, int]:
     return n * (n - 1) // 2 - one_split, one_split
 
 
-def copy_pairs(data: Labelled, pairs: Pairs, threshold: float) -> list[Copy]:
+def copy_pairs(data: CopySource, pairs: Pairs, threshold: float) -> list[Copy]:
     """The leaks and the conflicts among the aligned `pairs` at or above `threshold`, likeliest
     first."""
     low, high, score = pairs

@@ -40,7 +40,7 @@ class Manifest(Protocol):
     def __len__(self) -> int: ...
 
 
-FORMAT = "pactl.provenance"
+FORMAT = "pactl.training.provenance"
 VERSION = 1
 PACKAGES = ("torch", "torchvision", "timm", "faiss-cpu", "faiss-gpu-cu12", "numpy", "pillow")
 DRIVER_FILE = Path("/proc/driver/nvidia/version")

@@ -2,7 +2,7 @@
 of the original (every box size near the one the descriptors proposed, at every offset), both
 blurred alike, and the root-mean-square grey difference of the best placement.
 
-Thumbnails propose candidates (pactl.thumbnails); they cannot tell a copy from a look-alike
+Thumbnails propose candidates (pactl.audit.thumbnails); they cannot tell a copy from a look-alike
 garment or glyph, whose silhouettes agree. Aligned at full size, a copy differs from its
 original only by resampling and JPEG noise, which the blur takes down; a look-alike differs in
 its detail and its grey levels, which stay. The blur grows with how much the copy was shrunk
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pactl.thumbnails import Box
+from pactl.audit.thumbnails import Box
 
 WORK = 64  # longest side images are compared at, in pixels
 BLUR = 1.2  # both images' Gaussian, in the original's pixels (more where the copy is smaller)

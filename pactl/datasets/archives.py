@@ -18,7 +18,7 @@ from typing import Protocol
 
 from pactl.console import Advance, Reporter
 from pactl.errors import PactlError
-from pactl.fsutil import FULL_DISK, atomic_write_text
+from pactl.store.generations import FULL_DISK, atomic_write_text
 
 CHUNK = 1 << 20  # bytes copied at a time
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 
 from pactl.config import ModelConfig, TrainConfig, to_dict
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_write, atomic_write_text
-from pactl.records import read_json_object
+from pactl.store.generations import atomic_write, atomic_write_text
+from pactl.store.json_fields import read_json_object
 from pactl.version import __version__
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pactl.paths import NAME_ENCODING, NAME_ERRORS
+from pactl.store.home import NAME_ENCODING, NAME_ERRORS
 
 # A spreadsheet takes a cell starting with one of these for a formula (OWASP, "CSV Injection").
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

@@ -38,9 +38,10 @@ def evaluate(
     `prepare` as in embed_files; training passes False: a network that changes every epoch
     would be traced and frozen anew each time, which small networks do not pay back. `keep`
     (a list) receives the (vectors, labels) scored, where there is no gallery. `codes`: score
-    the vectors' sign codes by Hamming distance, ties broken by id (pactl.hamming).
+    the vectors' sign codes by Hamming distance, ties broken by id (pactl.codes.hamming).
     """
-    from pactl import hamming, metrics
+    from pactl import metrics
+    from pactl.codes import hamming
 
     score = hamming.evaluate if codes else metrics.evaluate
 

@@ -1,4 +1,4 @@
-"""Resumable, checksummed HTTP downloads (safe archive extraction is pactl.archives').
+"""Resumable, checksummed HTTP downloads (safe archive extraction is pactl.datasets.archives').
 
 `fetch` streams a file into `NAME.part`, resumes an interrupted transfer with an HTTP Range
 request, tries each mirror in turn, verifies size and checksum, and only then renames the file
@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pactl.archives import CHUNK, DiskError, copy_stream, extract, is_archive, writing_to
 from pactl.console import Advance, Reporter, visible
+from pactl.datasets.archives import CHUNK, DiskError, copy_stream, extract, is_archive, writing_to
 from pactl.errors import PactlError
-from pactl.fsutil import atomic_path
+from pactl.store.generations import atomic_path
 from pactl.version import __version__
 
 # Base URLs (space or comma separated) tried before the catalog's own addresses, for a local

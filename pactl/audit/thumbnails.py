@@ -122,10 +122,10 @@ def read_pictures(
     workers: int = 1,
 ) -> Pictures:
     """The whole thumbnails of the images at `paths` (and their bases, with `keep_bases`), read
-    by `workers` processes from PARALLEL_FROM images on (pactl.parallel)."""
+    by `workers` processes from PARALLEL_FROM images on (pactl.audit.processes)."""
     from functools import partial
 
-    from pactl.parallel import in_chunks
+    from pactl.audit.processes import in_chunks
 
     with reporter.bar("reading thumbnails", total=len(paths)) as advance:
         parts = in_chunks(

@@ -19,13 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from pactl import doubt
+from pactl.audit import doubt
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError, UsageError
+from pactl.index.exact import cosine_index
 
 # (rows (B,)) -> (neighbours (B, k) rows, -1 for none; their cosines (B, k)), self left out
 Neighbours = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
-EXACT_ITEMS = 200_000  # up to this many a run's vectors are searched exactly
 NO_PROXIES = (
     "{what} has no proxies (a bundle, a best.pt export, or a loss without them, such as "
     "multi_similarity or contrastive): use --centres means"
@@ -71,37 +71,15 @@ def proxies_of(payload: dict[str, Any], names: list[str]) -> doubt.Centres | Non
     return doubt.proxy_centres(proxies.float().numpy()[rows], codes)
 
 
-def exact_neighbours(vectors: np.ndarray) -> Neighbours:
-    """k nearest by cosine among `vectors` (in memory): exact up to EXACT_ITEMS, else an IVF."""
+def row_neighbours(vectors: np.ndarray) -> Neighbours:
+    """k nearest by cosine among `vectors` (in memory): exact up to
+    pactl.index.exact.EXACT_ITEMS, else an IVF."""
     x = np.ascontiguousarray(vectors, dtype=np.float32)
     nearest = cosine_index(x)
 
     def search(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         sims, found = nearest(x[rows], min(k + 1, len(x)))
         return without_self(rows, found, sims, k)
-
-    return search
-
-
-def cosine_index(vectors: np.ndarray) -> Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]:
-    """queries, k -> (cosines, rows) of the k nearest of `vectors` (unit rows, in memory) to each
-    query: exact up to EXACT_ITEMS, else an IVF searched 16 lists deep."""
-    import faiss
-
-    x = np.ascontiguousarray(vectors, dtype=np.float32)
-    n, dim = x.shape
-    if n <= EXACT_ITEMS:
-        index: Any = faiss.IndexFlatIP(dim)
-    else:
-        nlist = int(4 * np.sqrt(n))
-        index = faiss.index_factory(dim, f"IVF{nlist},Flat", faiss.METRIC_INNER_PRODUCT)
-        index.train(x[np.random.default_rng(0).choice(n, min(n, 64 * nlist), replace=False)])
-        faiss.extract_index_ivf(index).nprobe = 16
-    index.add(x)
-
-    def search(queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        sims, found = index.search(np.ascontiguousarray(queries, dtype=np.float32), min(k, n))
-        return sims, found
 
     return search
 
@@ -157,7 +135,7 @@ def read_run(
         names=by_code,
         splits=[manifest.splits[i] for i in rows.tolist()],
         vectors=lambda r: vectors[r],
-        neighbours=exact_neighbours(vectors),
+        neighbours=row_neighbours(vectors),
         proxies=proxies_of(payload, by_code),
         planted=planted,
         what=str(run),
