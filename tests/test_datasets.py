@@ -48,8 +48,46 @@ def test_folder_of_classes_is_split_by_class(tmp_path: Path) -> None:
     assert len(m) == 18
     train_classes = set(np.array(m.class_names)[np.array(m.splits) == "train"])
     test_classes = set(np.array(m.class_names)[np.array(m.splits) == "test"])
-    assert train_classes == {"class_0", "class_1", "class_2"}
-    assert test_classes == {"class_3", "class_4", "class_5"}
+    assert len(train_classes) == len(test_classes) == 3 and not train_classes & test_classes
+    assert manifest_from_folder(tmp_path / "imgs").splits == m.splits  # every reading alike
+
+
+def test_default_split_does_not_follow_the_order_of_names(tmp_path: Path) -> None:
+    """Sorted names put every `man-*` class in train and every `woman-*` class in test; the
+    seeded draw gives each family about half its classes on each side."""
+    names = [f"{family}-{i:02d}" for family in ("man", "woman") for i in range(30)]
+    rows = [f"{name}/0.png,{name}" for name in names for _ in range(1)]
+    (tmp_path / "a.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
+    m = read_manifest(tmp_path / "a.csv")
+    train = {name for name, split in zip(m.class_names, m.splits, strict=True) if split == "train"}
+    assert len(train) == 30
+    men = sum(name.startswith("man-") for name in train)
+    assert 8 <= men <= 22  # sorted order gave 30 (a fair draw: 15 +- 2.7)
+    reversed_rows = "path,label\n" + "\n".join(reversed(rows)) + "\n"
+    (tmp_path / "b.csv").write_text(reversed_rows)
+    again = read_manifest(tmp_path / "b.csv")
+    assert {
+        n for n, s in zip(again.class_names, again.splits, strict=True) if s == "train"
+    } == train
+
+
+def test_default_split_is_stratified_by_a_group_column(tmp_path: Path) -> None:
+    rows = [
+        f"{g}{c}/{n}.png,{g}{c},{g}" for g in ("p", "q", "r") for c in range(10) for n in range(2)
+    ]
+    (tmp_path / "a.csv").write_text("path,label,group\n" + "\n".join(rows) + "\n")
+    m = read_manifest(tmp_path / "a.csv")
+    for group in ("p", "q", "r"):
+        sides = {s for n, s in zip(m.class_names, m.splits, strict=True) if n[0] == group}
+        train = {
+            n
+            for n, s in zip(m.class_names, m.splits, strict=True)
+            if n[0] == group and s == "train"
+        }
+        assert sides == {"train", "test"} and len(train) == 5
+    (tmp_path / "b.csv").write_text("path,label,group\na/0.png,a,x\na/1.png,a,y\n")
+    with pytest.raises(PactlError, match="give each class one group"):
+        read_manifest(tmp_path / "b.csv")
 
 
 def test_csv_with_and_without_split(tmp_path: Path) -> None:
@@ -58,7 +96,8 @@ def test_csv_with_and_without_split(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
     m = read_manifest(tmp_path / "a.csv")
     assert list(m.labels) == [0, 0, 1, 1, 2, 2, 3, 3]  # 0,10,20,30 in numeric order
-    assert m.splits == ("train",) * 4 + ("test",) * 4
+    assert sorted(m.splits) == ["test"] * 4 + ["train"] * 4
+    assert len({(label, split) for label, split in zip(m.labels, m.splits, strict=True)}) == 4
     with_split = [r + f",{'query' if i % 2 else 'gallery'}" for i, r in enumerate(rows)]
     (tmp_path / "b.csv").write_text("path,label,split\n" + "\n".join(with_split) + "\n")
     assert read_manifest(tmp_path / "b.csv").eval_splits() == ("query", "gallery")

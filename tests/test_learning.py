@@ -84,6 +84,29 @@ def test_validation_chooses_best_pt(
     assert "best.pt chosen by validation Recall@1" in err and "per epoch" in err
     config = json.loads((run / "config.json").read_text())
     assert config["train_config"]["selection"] == "val"
+    # The split is on record in the run folder, and reads back as the same split.
+    from pactl.datasets import read_manifest
+
+    written = read_manifest(run / "split.csv")
+    assert len(written) == 64 and set(written.splits) == {"train", "val", "test"}
+    trained = manifest_from_folder(tmp_path / "imgs")
+    where = dict(zip(map(str, trained.files()), trained.splits, strict=True))
+    for path, split in zip(written.paths, written.splits, strict=True):
+        assert where[path] == (split if split != "val" else "train")
+
+
+def test_validation_and_test_disagreeing_beyond_sampling_error_is_said(tmp_path: Path) -> None:
+    from pactl.training.splits import disagreement
+
+    manifest = manifest_from_folder(make_class_folder(tmp_path / "imgs", classes=20, per_class=5))
+    splits = check_splits(manifest, TrainConfig(batch_size=4, val_classes=0.2))
+    assert (len(splits.val), len(splits.test)) == (10, 50)
+    # Hand-computed: sqrt(.9 x .1 / 10 + .5 x .5 / 50) = 0.1183; 2 sigma = 0.237 < 0.4.
+    line = disagreement({"val_recall@1": 0.9, "recall@1": 0.5}, splits)
+    assert line is not None and "0.900 (10 images)" in line and "(0.237)" in line
+    # 0.21 apart is within 2 sigma (sqrt(.7 x .3 / 10 + .49 x .51 / 50) = 0.1612 -> 0.322).
+    assert disagreement({"val_recall@1": 0.7, "recall@1": 0.49}, splits) is None
+    assert disagreement({"recall@1": 0.5}, splits) is None  # no validation classes
 
 
 def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import hashlib
 import io
 import os
 import stat
@@ -85,9 +86,10 @@ def write_manifest(path: Path, rows: Iterable[tuple[str, int, str, str]]) -> Non
 
 
 def read_manifest(path: Path, *, follow_links: bool = False, splits: bool = True) -> Manifest:
-    """Read a manifest or a user CSV of `path,label[,split][,class_name]`.
+    """Read a manifest or a user CSV of `path,label[,split][,class_name][,group]`.
 
-    Rows without a split get the class-disjoint default (split_by_class); with `splits`
+    Rows without a split get the class-disjoint default (split_by_class, stratified by
+    `group` where the CSV has one); with `splits`
     False (embedding needs none) a CSV of fewer classes than that takes is read unsplit.
 
     A relative row whose path leaves the CSV's folder (`..`, or through a link leading
@@ -145,7 +147,7 @@ def _build(
     splits_needed: bool = True,
 ) -> Manifest:
     seen: dict[str, str] = {}  # path -> its label
-    paths, raw_labels, splits = [], [], []
+    paths, raw_labels, splits, groups = [], [], [], []
     links = _LinkCheck(root, source) if check_links else None
     for line, r in enumerate(records, start=2):
         rel = _row_path(r["path"], source, line)
@@ -169,10 +171,11 @@ def _build(
         paths.append(rel)
         raw_labels.append(r.get("class_name") or r["label"])
         splits.append(split)
+        groups.append(r.get("group", ""))
     labels = _encode_labels(raw_labels)
     if all(not s for s in splits):
         if splits_needed or len(np.unique(labels)) >= MIN_CLASSES:
-            splits = split_by_class(labels)
+            splits = split_by_class(raw_labels, groups)
     elif any(not s for s in splits):
         raise PactlError(f"{source}: some rows have a split and others do not")
     duplicates = len(records) - len(paths)
@@ -244,17 +247,38 @@ def _label_key(name: str) -> tuple[int, int, str]:
 
 
 MIN_CLASSES = 4  # the default split: two classes at least on each side
+SPLIT_SEED = "pactl-split-1"  # the default split's draw; a new one would move every user's classes
 
 
-def split_by_class(labels: np.ndarray) -> list[str]:
-    """The metric-learning split: the first half of the classes train, the rest test."""
-    classes = np.unique(labels)
-    if len(classes) < MIN_CLASSES:
+def split_by_class(names: Sequence[str], groups: Sequence[str] = ()) -> list[str]:
+    """The default class-disjoint split of a user's folder or CSV: half the classes train, half
+    test, drawn at random with a fixed seed, never by the order of their names (sorted names put
+    families of similar classes, `man-*` and `woman-*`, all on one side, so that validation
+    classes drawn from the train half say little about the test half).
+
+    Each class's place in the draw is a hash of its name, so every verb that reads the same
+    folder finds the same split (the run folder's split.csv records it too). With `groups` (a
+    CSV's `group` column), the classes of each group are split half and half.
+    """
+    group_of: dict[str, str] = {}
+    for name, group in zip(names, groups or [""] * len(names), strict=True):
+        if group_of.setdefault(name, group) != group:
+            raise PactlError(
+                f"class {name!r} is in the groups {group_of[name]!r} and {group!r}: "
+                "give each class one group"
+            )
+    if len(group_of) < MIN_CLASSES:
         raise PactlError(
-            f"only {len(classes)} classes: a class-disjoint train/test split needs at least 4"
+            f"only {len(group_of)} classes: a class-disjoint train/test split needs at least 4"
         )
-    train = set(classes[: len(classes) // 2].tolist())
-    return ["train" if int(lab) in train else "test" for lab in labels]
+    # Alternating along (group, draw) gives each group half its classes, give or take one.
+    order = sorted(group_of, key=lambda name: (group_of[name], _draw(name)))
+    train = set(order[0::2])
+    return ["train" if name in train else "test" for name in names]
+
+
+def _draw(name: str) -> str:
+    return hashlib.sha256(f"{SPLIT_SEED}\0{name}".encode()).hexdigest()
 
 
 def manifest_from_folder(

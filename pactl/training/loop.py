@@ -29,7 +29,14 @@ from pactl.training.evaluation import calibrate_checkpoint
 from pactl.training.noise import with_label_noise
 from pactl.training.robust import label_doubt
 from pactl.training.samplers import SAMPLERS, RankSlice
-from pactl.training.splits import Splits, check_splits, class_names, readable_rows
+from pactl.training.splits import (
+    Splits,
+    check_splits,
+    class_names,
+    disagreement,
+    readable_rows,
+    write_split,
+)
 from pactl.training.start import evaluate_start
 from pactl.training.timing import fit_to_budget, over_budget, refit_to_budget
 from pactl.training.trainer import (
@@ -112,6 +119,8 @@ def fit(
     cfg = resolve_train_config(model_cfg, cfg, world.enabled)
     readable = readable_rows(manifest, run_dir, reporter, world.is_main, shared_start)
     splits = check_splits(readable, cfg, len(manifest) - len(readable))
+    if world.is_main:
+        write_split(splits, run_dir)
     cfg = selection_of(cfg, splits, reporter)
     reporter.log(f"training on {readable.source} -> {run_dir}")
     reporter.log(describe_recipe(model_cfg, cfg, splits.train, splits.val, splits.test))
@@ -232,3 +241,6 @@ def finish_run(t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter) ->
     if t.writer is not None:
         t.writer.close()
     calibrate_run(t, splits, run_dir, reporter)
+    unlike = disagreement(t.state.best.metrics, splits)
+    if unlike is not None:
+        reporter.warn(unlike)

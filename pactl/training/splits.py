@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ class Splits:
 
 
 SKIPPED_FILE = "skipped.csv"  # the images of a run's manifest whose headers cannot be read
+SPLIT_FILE = "split.csv"  # each image's split in the run: a manifest `pactl train` reads back
+SIGMAS = 2.0  # how many standard errors of their difference validation and test may differ by
 
 
 def readable_rows(
@@ -120,3 +123,40 @@ def hold_out_classes(train: Manifest, share: float, seed: int) -> tuple[Manifest
     val = train.subset(np.flatnonzero(is_val).tolist())
     val = dataclasses.replace(val, splits=("val",) * len(val))
     return train.subset(np.flatnonzero(~is_val).tolist()), val
+
+
+def write_split(splits: Splits, run_dir: Path) -> None:
+    """run_dir/split.csv: `path,label,split` of every image the run trains, validates and tests
+    on (absolute paths, class names), so the split is on record and `pactl train split.csv`
+    trains on the same one."""
+    from pactl.store.csv_cells import csv_text
+    from pactl.store.generations import atomic_write_text
+
+    rows = [
+        (os.path.abspath(path), name, split)
+        for part in (splits.train, splits.val, splits.test)
+        for path, name, split in zip(part.files(), part.class_names, part.splits, strict=True)
+    ]
+    with writing_in(run_dir):
+        atomic_write_text(run_dir / SPLIT_FILE, csv_text(("path", "label", "split"), rows))
+
+
+def disagreement(metrics: dict[str, float], splits: Splits) -> str | None:
+    """A line when validation and test Recall@1 differ by more than SIGMAS binomial standard
+    errors of their difference (each Recall@1 a share of its queries): then best.pt is chosen
+    on classes that do not represent the test ones. None when they agree or one is missing."""
+    val, test = metrics.get("val_recall@1"), metrics.get("recall@1")
+    queries = splits.test.select("query") if splits.test.has_split("query") else splits.test
+    n_val, n_test = len(splits.val), len(queries)
+    if val is None or test is None or not n_val or not n_test:
+        return None
+    error = float(np.sqrt(val * (1 - val) / n_val + test * (1 - test) / n_test))
+    if abs(val - test) <= SIGMAS * max(error, 1e-12):
+        return None
+    return (
+        f"validation Recall@1 {val:.3f} ({n_val:,} images) and test Recall@1 {test:.3f} "
+        f"({n_test:,} queries) differ by {abs(val - test):.3f}, more than {SIGMAS:g} standard "
+        f"errors ({SIGMAS * error:.3f}): the validation classes, which chose best.pt, do not "
+        "represent the test classes; give a `val` split like the test (split.csv in the run "
+        "folder lists the split) or more --val-classes"
+    )
