@@ -393,7 +393,7 @@ def describe_test_resize(model_cfg: ModelConfig) -> str:
 
 
 def describe_augment(model_cfg: ModelConfig, cfg: TrainConfig) -> str:
-    """What training does to each image (pactl.images.AUGMENTS), in words."""
+    """What training does to each image (pactl.transforms.AUGMENTS), in words."""
     side = model_cfg.image_size
     crops = (
         "whole images (cut to an aspect ratio of 3:4 to 4:3)"

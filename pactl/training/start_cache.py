@@ -21,11 +21,11 @@ versions, the device, the whole model config and every train setting except the 
 names: a setting added to TrainConfig is in the key until someone shows that epoch 0 does not
 read it.
 
-The BatchNorm calibration (pactl.training.loop.calibrate_batchnorm) reads the random network's state
-before it, the first training batches (the train split's fingerprint, the per-process batch
-size and the number of batches), the image settings and the device; its result is the buffers
-of every BatchNorm layer, which a run that starts from the same state with the same batches
-loads instead of calibrating.
+The BatchNorm calibration (pactl.training.start.calibrate_batchnorm) reads the random
+network's state before it, the first training batches (the train split's fingerprint, the
+per-process batch size and the number of batches), the image settings and the device; its
+result is the buffers of every BatchNorm layer, which a run that starts from the same state
+with the same batches loads instead of calibrating.
 
 The header check reads each file: its key holds each file's absolute path, size in bytes and
 modification time (nanoseconds), so an image replaced since is checked again.
