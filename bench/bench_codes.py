@@ -18,11 +18,12 @@ Each run's best.pt (chosen by its validation classes: a --bits run by its codes'
 Recall@1) then embeds the run's validation classes and the test classes, which are scored
 
   - as float vectors by cosine (pactl.metrics);
-  - as BITS-bit codes by Hamming distance, ties broken by id (pactl.codes.hamming): a --bits network's
-    codes are its vectors' signs; a float network's are the signs of its vectors centred, reduced
-    to BITS dimensions by PCA (where they have more) and rotated by ITQ (Gong and Lazebnik, CVPR
-    2011; 50 iterations from a seeded random rotation), learned on the scored vectors themselves,
-    labels unused, as an index built from them would learn it. That ITQ is this script's own.
+  - as BITS-bit codes by Hamming distance, ties broken by id (pactl.codes.hamming): a --bits
+    network's codes are its vectors' signs; a float network's are the signs of its vectors centred,
+    reduced to BITS dimensions by PCA (where they have more) and rotated by ITQ (Gong and Lazebnik,
+    CVPR 2011; 50 iterations from a seeded random rotation), learned on the scored vectors
+    themselves, labels unused, as an index built from them would learn it. That ITQ is this script's
+    own.
 
 Printed (stdout, markdown): per set, each row's validation and test Recall@1 / MAP@R, mean ± std
 over the seeds; then the test points of the best design's codes over the better rotated codes,

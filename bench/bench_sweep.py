@@ -13,8 +13,8 @@ Data: the glyph set of bench/real_sets.py (built there first:
 32 px from random weights, batch 64, so that the overhead is as large a share as it gets (a
 larger network makes training longer and the overhead the same).
 
-Points whose networks start alike share epoch 0 (pactl.training.start_cache): the first evaluates it, the
-others copy its row, seconds included, so for them the table shows the epoch 0 as shared and
+Points whose networks start alike share epoch 0 (pactl.training.start_cache): the first evaluates
+it, the others copy its row, seconds included, so for them the table shows the epoch 0 as shared and
 counts none of its seconds. The last row is the whole sweep: every point's time against every
 point's training.
 

@@ -244,8 +244,8 @@ def _check_pixels(path: Path | str, size: tuple[int, int], max_pixels: int | Non
 
 
 def _open_regular(path: Path | str) -> BinaryIO:
-    """Open `path` only if it is a regular file (pactl.store.regular_files.open_regular): never a FIFO, which
-    would block, or a device."""
+    """Open `path` only if it is a regular file (pactl.store.regular_files.open_regular): never a
+    FIFO, which would block, or a device."""
     try:
         return open_regular(path)
     except NotRegular as e:

@@ -54,8 +54,9 @@ class TrainingMean(nn.Module):
 
 class EmbeddingNet(nn.Module):
     """embedding_dim 0: no head, the pooled backbone features themselves (the baseline a
-    pretrained network gives before any training). `bits`: a code network's head (pactl.codes.learned),
-    its outputs centred at test on the mean of those training saw (TrainingMean)."""
+    pretrained network gives before any training). `bits`: a code network's head
+    (pactl.codes.learned), its outputs centred at test on the mean of those training saw
+    (TrainingMean)."""
 
     def __init__(
         self,

@@ -9,9 +9,9 @@ each format does with them:
 - csv: exact, and never a formula. A field holding a line break (a lone `\r` too), a comma or a
   quote is quoted, and bytes that are not UTF-8 are written as themselves (surrogateescape):
   read it back with newline="" and errors="surrogateescape", undo the formula escape
-  (pactl.store.csv_cells.unescape_cell) and os.fsencode gives each name's bytes. Every CSV pactl writes
-  goes through pactl.store.csv_cells.CsvWriter, which escapes text cells that a spreadsheet would take
-  for a formula.
+  (pactl.store.csv_cells.unescape_cell) and os.fsencode gives each name's bytes. Every CSV pactl
+  writes goes through pactl.store.csv_cells.CsvWriter, which escapes text cells that a spreadsheet
+  would take for a formula.
 - jsonl: exact and ASCII. json.dumps escapes every non-ASCII character (a lone surrogate as
   "\udce9"), so each line is valid JSON in valid UTF-8; json.loads gives back the same str.
 - paths only: each path's own bytes (os.fsencode), then NUL (-0) or a newline, so `xargs -0`

@@ -157,7 +157,8 @@ def is_run_dir(run_dir: Path) -> bool:
 @contextmanager
 def writing_in(run_dir: Path) -> Iterator[None]:
     """A run file that cannot be written (a read-only folder, an I/O error) is one line naming
-    the folder; a full disk already is one (pactl.store.generations), and the previous file is kept."""
+    the folder; a full disk already is one (pactl.store.generations), and the previous file is
+    kept."""
     try:
         yield
     except OSError as e:

@@ -1,5 +1,5 @@
-"""Aligning a copy on its original (pactl.audit.alignment): the residual against brute force, and the
-likeness of copies, shifted grey levels and distinct pictures by hand."""
+"""Aligning a copy on its original (pactl.audit.alignment): the residual against brute force, and
+the likeness of copies, shifted grey levels and distinct pictures by hand."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""`pactl audit` (pactl.verbs.audit, pactl.audit.doubt): the witnesses by hand, a hand-built set with
-one wrong label and one outlier, copies across splits, the clean manifest, and bad input."""
+"""`pactl audit` (pactl.verbs.audit, pactl.audit.doubt): the witnesses by hand, a hand-built set
+with one wrong label and one outlier, copies across splits, the clean manifest, and bad input."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A kill between every pair of steps of a folder write leaves the old output or the new one.
 
 Each command runs in a child process with $PACTL_CRASH_AT=N, which SIGKILLs it at its Nth crash
-point (pactl.store.generations.crash_point: after each rename, link switch and removal); N walks up from 1
-until the command finishes without reaching it. After each kill the folder must read as the
+point (pactl.store.generations.crash_point: after each rename, link switch and removal); N walks up
+from 1 until the command finishes without reaching it. After each kill the folder must read as the
 old output or as the new one, never a mix, and running the command again must finish it.
 """
 
@@ -287,7 +287,8 @@ def test_a_second_writer_is_refused_and_readers_go_on(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from pactl.store.generations import writer_lock\n"
+            "import sys, time; from pathlib import Path\n"
+            "from pactl.store.generations import writer_lock\n"
             f"with writer_lock(Path({str(bundle)!r})):\n"
             "    print('locked', flush=True); time.sleep(60)",
         ],

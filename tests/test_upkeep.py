@@ -497,7 +497,8 @@ def test_a_second_writer_is_refused_for_delete(
         [
             sys.executable,
             "-c",
-            "import time; from pathlib import Path; from pactl.store.generations import writer_lock\n"
+            "import time; from pathlib import Path\n"
+            "from pactl.store.generations import writer_lock\n"
             f"with writer_lock(Path({str(bundle_dir)!r})):\n"
             "    print('locked', flush=True); time.sleep(60)",
         ],

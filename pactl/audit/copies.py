@@ -5,8 +5,8 @@ Copies are found in two steps, neither by the network's embedding (a metric netw
 class's images together, and on small images it puts a resized copy no nearer to its original
 than the original's class-mates):
 
-- proposed by the thumbnail descriptor (pactl.audit.thumbnails): every image's whole-image descriptor
-  goes into a FAISS index (pactl.index.exact.cosine_index); each image's k nearest are
+- proposed by the thumbnail descriptor (pactl.audit.thumbnails): every image's whole-image
+  descriptor goes into a FAISS index (pactl.index.exact.cosine_index); each image's k nearest are
   candidates (k: audit's --neighbours, at least CANDIDATES), and so are the PER_BOX nearest of
   the descriptor of each of BOXES of each image (a crop of the image there), in sets of up to
   CROP_ITEMS images. Each copy keeps its k likeliest originals, and those whose cosine reaches

@@ -1,8 +1,8 @@
 """Binary codes of float vectors: the rotation learned before taking signs, and the packed codes.
 
 A code is the signs of a vector after a linear map: bit j is 1 where (x @ W)_j - b_j > 0, packed
-8 bits a byte as numpy's packbits does (and pactl.codes.hamming, whose order FAISS's binary indexes take
-as they come). The map is one of ROTATION_KINDS:
+8 bits a byte as numpy's packbits does (and pactl.codes.hamming, whose order FAISS's binary indexes
+take as they come). The map is one of ROTATION_KINDS:
 
 - none: the vector's own signs (W the identity, b 0): what a network trained with `--bits N`
   makes, and the cheapest for any vectors; N must be the dimension.

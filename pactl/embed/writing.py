@@ -160,8 +160,8 @@ def embed_to_folder(
     replace_other: bool = False,
 ) -> dict[str, Any]:
     """Write vectors.npy (memory-mapped while filled), items.csv, skipped.csv and meta.json as
-    one new generation of `out_dir` (pactl.store.generations): a kill leaves the old output or the new.
-    `scratch`: a private folder, without the visible links. Vectors of another network already
+    one new generation of `out_dir` (pactl.store.generations): a kill leaves the old output or the
+    new. `scratch`: a private folder, without the visible links. Vectors of another network already
     in `out_dir` are refused before any work, unless `replace_other` (`embed --overwrite`).
 
     Run again into the same folder with the same model, only new or changed files are embedded.

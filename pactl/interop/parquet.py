@@ -5,9 +5,9 @@ rows) beside `metadata/metadata_NNNNN.parquet` (one row per vector, the same ord
 
 pactl's own folder adds `meta.json` (`format: "pactl.parquet"`, the vectors' fingerprint and
 model_config, so a bundle built from it is queried with the same checkpoint) and is written as
-one generation (pactl.store.generations). A folder without meta.json (clip-retrieval's output) is read too:
-its metadata needs a `path` column (or clip-retrieval's `image_path`); `id` defaults to the row's
-position, `label` to "", `size` and `mtime_ns` to -1 (unknown).
+one generation (pactl.store.generations). A folder without meta.json (clip-retrieval's output) is
+read too: its metadata needs a `path` column (or clip-retrieval's `image_path`); `id` defaults to
+the row's position, `label` to "", `size` and `mtime_ns` to -1 (unknown).
 """
 
 from __future__ import annotations

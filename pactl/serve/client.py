@@ -97,8 +97,8 @@ def limits(url: str, token: str | None) -> tuple[int, int]:
 
 def read_image_bytes(path: Path) -> bytes:
     """A query file's bytes, or the reason it cannot be read, as a local query gives it
-    (pactl.store.regular_files: a folder, a FIFO or a device is never opened), without decoding it (the
-    service decodes, with embed's limits) and without importing torch."""
+    (pactl.store.regular_files: a folder, a FIFO or a device is never opened), without decoding it
+    (the service decodes, with embed's limits) and without importing torch."""
     try:
         with open_regular(path) as f:
             return f.read()

@@ -27,8 +27,8 @@ from pactl.training.trainer import Best, RunFolder, RunState, Trainer
 def write_provenance(
     t: Trainer, run_dir: Path, info: dict[str, Any], manifest: Manifest, resume: bool
 ) -> None:
-    """provenance.json (pactl.training.provenance): written when the run starts; a resume keeps it and
-    adds its own command line, versions and devices under `resumes`."""
+    """provenance.json (pactl.training.provenance): written when the run starts; a resume keeps it
+    and adds its own command line, versions and devices under `resumes`."""
     from pactl.training import provenance
 
     path = run_dir / "provenance.json"

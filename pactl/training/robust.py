@@ -4,8 +4,8 @@ under class centres kept in a memory of past embeddings and leaves out the lowes
 
 A memory holds every training image's embedding as last seen (by this process) and the sum of
 each class's, by the labels trained on. From the second epoch on, each image of a batch is asked
-two things (pactl.audit.doubt): its own class's softmax share among the memory's class means (its own
-class without its own remembered embedding), and the share of its nearest remembered images
+two things (pactl.audit.doubt): its own class's softmax share among the memory's class means (its
+own class without its own remembered embedding), and the share of its nearest remembered images
 carrying its label; the RATE share of the batch with the lowest blend of the two is left out of
 that step's loss. The first epoch fills the memory and trains on everything. The class means,
 not a proxy loss's proxies, stand for the classes: proxies trained on the noisy labels follow
