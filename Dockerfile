@@ -10,7 +10,7 @@
 # No C compiler is installed: `pactl train --compile` is not for these images.
 # Base images are named with their registry (docker.io/...): podman resolves no short names
 # without a registries.conf that lists one. PYTHON_IMAGE and TORCH_INDEX may be replaced with
-# --build-arg (bench/docker_check.sh does, for a stand-in base and PyPI's torch).
+# --build-arg (tools/docker_check.sh does, for a stand-in base and PyPI's torch).
 ARG PYTHON_IMAGE=docker.io/library/python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS cpu

@@ -23,15 +23,15 @@ test-all: $(STAMP)
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check pactl tests bench
-	$(BIN)/ruff format --check pactl tests bench
+	$(BIN)/ruff check pactl tests bench tools
+	$(BIN)/ruff format --check pactl tests bench tools
 	$(BIN)/mypy pactl
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -q -p no:cacheprovider tests/test_layout.py  # room sizes, the client, one declaration per setting
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix pactl tests bench
-	$(BIN)/ruff format pactl tests bench
+	$(BIN)/ruff check --fix pactl tests bench tools
+	$(BIN)/ruff format pactl tests bench tools
 
 # download digits -> train -> index -> query, on the CPU: 19 to 24 s on 2 cores with .venv installed.
 demo: $(STAMP)
@@ -43,7 +43,7 @@ demo: $(STAMP)
 # The README's picture (docs/img/demo-query.png): the demo's run answering one query of each
 # unseen digit, redrawn from scratch in a temporary folder (about a minute on 2 CPU cores).
 readme-picture: $(STAMP)
-	$(BIN)/python bench/readme_picture.py --out docs/img/demo-query.png
+	$(BIN)/python -m tools.readme_picture --out docs/img/demo-query.png
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
@@ -62,9 +62,9 @@ bench: $(STAMP)
 REAL ?= /tmp/pactl-real
 bench-real: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
-	test -f $(REAL)/fonts/manifest.csv || $(BIN)/python bench/real_sets.py fonts $(REAL)/fonts
-	test -f $(REAL)/fashion/manifest.csv || $(BIN)/python bench/real_sets.py fashion $(REAL)/fashion
-	test -f $(REAL)/lite0.pth || $(BIN)/python bench/lite0_weights.py $(REAL)/lite0.pth
+	test -f $(REAL)/fonts/manifest.csv || $(BIN)/python -m tools.real_sets fonts $(REAL)/fonts
+	test -f $(REAL)/fashion/manifest.csv || $(BIN)/python -m tools.real_sets fashion $(REAL)/fashion
+	test -f $(REAL)/lite0.pth || $(BIN)/python -m tools.lite0_weights $(REAL)/lite0.pth
 	$(BIN)/python bench/bench_real.py --root $(REAL)
 
 # Mutation testing (docs/mutation.md): mutmut mutates the modules pyproject.toml's [tool.mutmut]

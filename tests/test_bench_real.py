@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str) -> ModuleType:
-    """A bench script as a module (bench/ is a folder of scripts, not a package)."""
+def _load(folder: str, name: str) -> ModuleType:
+    """A module of bench/ or tools/, read from the checkout (neither is installed with pactl)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -29,9 +29,9 @@ def _load(name: str) -> ModuleType:
     return module
 
 
-real_sets = _load("real_sets")
-lite0 = _load("lite0_weights")
-bench_real = _load("bench_real")
+real_sets = _load("tools", "real_sets")
+lite0 = _load("tools", "lite0_weights")
+bench_real = _load("bench", "bench_real")
 
 
 # ---------------------------------------------------------------- lite0 conversion

@@ -1,6 +1,6 @@
 """The Dockerfile, checked without a Docker engine: hadolint's rules, and the layout the docs
 promise (dependencies before code, a non-root user, the package installed as the Makefile does).
-bench/docker_check.sh builds and runs the image where podman or docker is installed."""
+tools/docker_check.sh builds and runs the image where podman or docker is installed."""
 
 from __future__ import annotations
 
@@ -199,12 +199,12 @@ def test_docs_serve_the_bundle_pactl_index_writes(
 
 
 def test_the_image_check_passes_where_no_engine_is_installed(tmp_path: Path) -> None:
-    """bench/docker_check.sh builds nothing, and says so, on a machine without podman or docker."""
+    """tools/docker_check.sh builds nothing, and says so, on a machine without podman or docker."""
     bash = shutil.which("bash")
     assert bash is not None
     (tmp_path / "dirname").symlink_to(shutil.which("dirname") or "/usr/bin/dirname")
     done = subprocess.run(
-        [bash, str(ROOT / "bench" / "docker_check.sh")],
+        [bash, str(ROOT / "tools" / "docker_check.sh")],
         capture_output=True,
         text=True,
         env={"PATH": str(tmp_path)},  # holds neither podman nor docker

@@ -46,7 +46,7 @@ def test_the_first_screen_is_short_and_its_picture_small() -> None:
     assert len(pictures) == 1
     picture = ROOT / pictures[0]
     assert picture.suffix == ".png" and picture.stat().st_size < 100_000
-    assert (ROOT / "bench" / "readme_picture.py").is_file()
+    assert (ROOT / "tools" / "readme_picture.py").is_file()
     assert "readme-picture:" in (ROOT / "Makefile").read_text()  # it can be redrawn
 
 

@@ -60,7 +60,7 @@ def choose_factory(n: int, dim: int, memory_budget_gb: float = 8.0) -> str:
 def choose_binary_factory(n: int, bits: int) -> str:
     """The default FAISS binary factory for `n` codes of `bits` bits: exact Hamming search
     (BFlat) at every size. An IVF of binary k-means lists was the default above 2,000,000 codes
-    until measured at 10,000,000 512-bit codes (docs/benchmarks.md, bench/binary_probe.py): a
+    until measured at 10,000,000 512-bit codes (docs/benchmarks.md, tools/binary_probe.py): a
     query's neighbours were spread over many of its lists, and rescored it reached Recall@10
     0.55 at its tuned nprobe and 0.86 at a quarter of its lists, where BFlat over the same codes
     reached 0.97. `--factory BIVF<n>[_HNSW<m>]` or `BHNSW<m>` still builds them."""

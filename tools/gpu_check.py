@@ -1,7 +1,7 @@
 """One script that checks the GPU path end to end and measures it, for a lent GPU machine.
 
-    python bench/gpu_check.py                 # on the GPU (exits 2 without one)
-    python bench/gpu_check.py --device cpu --quick    # a smoke run of the same steps on the CPU
+    python -m tools.gpu_check                 # on the GPU (exits 2 without one)
+    python -m tools.gpu_check --device cpu --quick    # a smoke run of the same steps on the CPU
 
 Steps, each printed as a markdown table row on stdout (progress on stderr):
 1. a training step of resnet50 at 224 (random weights) in fp32, bf16 autocast, and bf16 +
@@ -22,7 +22,7 @@ Steps, each printed as a markdown table row on stdout (progress on stderr):
    vectors by FAISS's IndexBinaryFlat (and GpuIndexBinaryFlat with the `gpu` extra) against a
    popcount brute force (pactl.codes.hamming), ties broken by id.
 
-    python bench/gpu_check.py --dry-run       # the CPU parts only, CUDA steps say "skipped"
+    python -m tools.gpu_check --dry-run       # the CPU parts only, CUDA steps say "skipped"
 """
 
 from __future__ import annotations
@@ -39,12 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from pactl.config import IndexConfig, ModelConfig, TrainConfig  # noqa: E402
-from pactl.console import QUIET  # noqa: E402
-from pactl.losses import proxy_anchor_loss  # noqa: E402
-from pactl.training.distributed import World  # noqa: E402
+from pactl.config import IndexConfig, ModelConfig, TrainConfig
+from pactl.console import QUIET
+from pactl.losses import proxy_anchor_loss
+from pactl.training.distributed import World
 from pactl.training.trainer import build_trainer, train_step
 
 ROWS: list[str] = []

@@ -3,7 +3,7 @@ exact neighbours: Recall@10 of the rescored answers at several nprobe (an IVF of
 exact Hamming search (BFlat over the same codes, taken out of the IVF's lists) at several
 rescoring depths, with their times. Made for the scale run of bench_binary.py, kept with --keep:
 
-    python bench/binary_probe.py /tmp/bbscale/bench-binary-scale --queries 200
+    python -m tools.binary_probe /tmp/bbscale/bench-binary-scale --queries 200
 
 WORK holds binary/ (the bundle), queries.npy and truth.npy (exact top-10 ids), as bench_binary's
 scale run leaves them. Results (markdown) go to stdout.
@@ -12,18 +12,15 @@ scale run leaves them. Results (markdown) go to stdout.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from bench.bench_index import K, recall_at_10  # noqa: E402
-from pactl.index import load_bundle  # noqa: E402
-from pactl.index.search import search  # noqa: E402
+from bench.bench_index import K, recall_at_10
+from pactl.index import load_bundle
+from pactl.index.search import search
 
 
 def flat_codes(ivf: faiss.IndexBinaryIVF) -> faiss.IndexBinaryFlat:

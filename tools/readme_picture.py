@@ -6,10 +6,10 @@ network never trained on), `--k 4 --exclude-self --grid`: each row a query and i
 indexed images, framed green when of the query's class and red when not. The grid is saved as
 a palette PNG (at most 64 colours), small enough for the README's first screen.
 
-    python bench/readme_picture.py                  # writes docs/img/demo-query.png
-    python bench/readme_picture.py --out /tmp/x.png
+    python -m tools.readme_picture                  # writes docs/img/demo-query.png
+    python -m tools.readme_picture --out /tmp/x.png
 
-78 s measured on 2 shared CPU cores (`time python bench/readme_picture.py`; four fresh
+78 s measured on 2 shared CPU cores (`time python -m tools.readme_picture`; four fresh
 processes, each importing torch). Messages go to stderr; stdout gets the path written.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the cpu image and run it the way the README does, before a release:
 #
-#   bench/docker_check.sh
+#   tools/docker_check.sh
 #
 # With podman or docker, whichever is installed (ENGINE chooses); with neither it says so and
 # exits 0. Each step runs the image as users do, and the script stops at the first that fails:

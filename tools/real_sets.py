@@ -1,9 +1,9 @@
 """Two real-image retrieval sets as pactl dataset folders, built offline from Debian packages.
 
-    python bench/real_sets.py fonts /tmp/pactl-real/fonts        # glyphs drawn by many fonts
-    python bench/real_sets.py fashion /tmp/pactl-real/fashion    # Fashion-MNIST, 600 per class
-    python bench/real_sets.py fonts OUT --max-fonts 40 --min-fonts 24 --size 64 --overwrite
-    python bench/real_sets.py fashion OUT --per-class 1000 --seed 1 --overwrite
+    python -m tools.real_sets fonts /tmp/pactl-real/fonts        # glyphs drawn by many fonts
+    python -m tools.real_sets fashion /tmp/pactl-real/fashion    # Fashion-MNIST, 600 per class
+    python -m tools.real_sets fonts OUT --max-fonts 40 --min-fonts 24 --size 64 --overwrite
+    python -m tools.real_sets fashion OUT --per-class 1000 --seed 1 --overwrite
 
 fonts: a class is one character (Latin, digits, punctuation, Latin-1, Greek, Cyrillic), an image
 is that character drawn by one font file of the Debian font packages in FONT_PACKAGES (installed
@@ -45,10 +45,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-from pactl.datasets.manifest import write_manifest  # noqa: E402
+from pactl.datasets.manifest import write_manifest
 
 MARKER = ".pactl-real-set"
 Row = tuple[str, int, str, str]  # path, label, split, class_name
@@ -153,7 +150,7 @@ def fresh_folder(out: Path, overwrite: bool) -> None:
             raise SystemExit(f"{out} exists; pass --overwrite to build it again")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("made by bench/real_sets.py; --overwrite may replace it\n")
+    (out / MARKER).write_text("made by tools/real_sets.py; --overwrite may replace it\n")
 
 
 def save_png(image: Image.Image, path: Path) -> None:

