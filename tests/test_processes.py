@@ -1,4 +1,5 @@
-"""pactl.audit.processes.in_chunks: chunks in order, progress counted, processes only where asked."""
+"""pactl.audit.processes.in_chunks: chunks in order, progress counted, processes only
+where asked."""
 
 from __future__ import annotations
 
