@@ -262,10 +262,14 @@ def test_rescoring_reaches_the_target_it_was_tuned_for(tmp_path: Path) -> None:
         search(load_bundle(float_dir), queries, 10, rescore=4)
 
 
-def test_floats_are_a_hard_link_to_the_vectors_file(tmp_path: Path) -> None:
+def test_floats_are_the_bundles_own_copy_of_the_vectors(tmp_path: Path) -> None:
+    """Guards against floats.npy being a hard link to the vectors file, which a write to the
+    vectors folder would change under the bundle: the same rows in a file of its own."""
     bundle_dir = clustered_bundle(tmp_path, n=100)
     source = tmp_path / "v" / "vectors.npy"
-    assert (bundle_dir / "floats.npy").stat().st_ino == source.stat().st_ino
+    floats = (bundle_dir / "floats.npy").resolve()
+    assert floats.stat().st_ino != source.stat().st_ino and floats.stat().st_nlink == 1
+    np.testing.assert_array_equal(np.load(floats), np.load(source))
 
 
 def test_code_metrics_are_those_of_the_brute_force_tables() -> None:

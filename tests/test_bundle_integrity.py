@@ -127,6 +127,7 @@ def test_index_verify_says_what_it_checked_and_names_damage(
     assert (
         out.strip()
         == f"verified {bundle}: {len(files)} files ({size:,} bytes) match their checksums"
+        " and so do meta.json's fields"
     )
     flip(bundle / "index.faiss", (bundle / "index.faiss").stat().st_size - 3)
     code, out, err = run_cli(["index", "--verify", str(bundle)], monkeypatch, capsys)

@@ -355,7 +355,7 @@ def keep_bundle(
 
 def verify_only(bundle: str | None, other_work: bool, log: Reporter) -> None:
     """`pactl index --verify BUNDLE`: the bundle's files against their recorded checksums."""
-    from pactl.index import verify_bundle
+    from pactl.index import UNSEALED, verify_bundle
 
     if bundle is None:
         raise UsageError("--verify needs the bundle: pactl index --verify BUNDLE")
@@ -370,6 +370,7 @@ def verify_only(bundle: str | None, other_work: bool, log: Reporter) -> None:
     else:
         files = counted(len(checked.files), "file")
         line = f"verified {bundle}: {files} ({checked.size:,} bytes) match their checksums"
+        line += " and so do meta.json's fields" if checked.meta else f"; {UNSEALED}"
     with to_stdout():
         out.print(literal(line))
 

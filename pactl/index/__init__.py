@@ -63,7 +63,7 @@ from pactl.index.ondisk import (
 from pactl.index.reading import bundle_count, check_folder, load_bundle, rebuild_facts
 from pactl.index.tune import ann_recall, tune_search
 from pactl.index.upkeep import add_to_bundle, compact_bundle, delete_items
-from pactl.index.verify import verify_bundle
+from pactl.index.verify import UNSEALED, verify_bundle
 from pactl.store.item_table import ITEMS_HEADER, ItemTable
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "save_bundle",
     "tune_search",
     "verify_bundle",
+    "UNSEALED",
     "wants_on_disk",
     "write_bundle",
 ]

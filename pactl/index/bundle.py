@@ -1,7 +1,7 @@
 """The bundle's format: index.faiss, items.csv and meta.json (and index.ivfdata, deleted.npy,
 removed.bin; a binary bundle's rotation.npy and floats.npy) written as one generation of a folder
-(pactl.store.generations), and the Bundle as loaded. Reading it back is pactl.index.reading's; appending,
-deleting and compacting pactl.index.upkeep's.
+(pactl.store.generations), and the Bundle as loaded. Reading it back is pactl.index.reading's;
+appending, deleting and compacting pactl.index.upkeep's.
 """
 
 from __future__ import annotations
@@ -192,6 +192,7 @@ def _write_meta(
     rest = {k: v for k, v in meta.items() if k not in mine}
     full = record_files(gen, {**header, **rest, **derived})
     full["checksums"] = checksums.record(gen, full["files"], known)
+    full = checksums.seal(full)  # meta.json's own fields steer answers too
     (gen / META_FILE).write_text(json.dumps(full, indent=2) + "\n", encoding="utf-8")
 
 

@@ -12,11 +12,24 @@ before checksums that rewrites the folder keeps unknown meta.json fields as they
 record for another generation is then ignored (as "no checksums recorded"), never taken for
 damage. Readers check sizes on every open (cheap) and the digests only when asked
 (`pactl index --verify`, `pactl serve` at start): hashing costs a pass over every byte.
+
+meta.json steers every answer (the rotation, the rescoring depth, search_params, thresholds,
+the model's preprocessing), so the record also holds "meta": the digest of meta.json's own
+fields as canonical JSON (keys sorted, no spaces), the record's "meta" itself left out. A
+record without it (written before it) vouches for the files only, and the check says so.
+
+A bundle must be whole in itself: a file of its generation that is also a hard link to a file
+outside the folder's generations (an older pactl linked a binary bundle's floats.npy to the
+vectors file) changes when that file is written, with no write to the bundle; shared_outside
+finds them (more links than the folder's generations hold).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +39,8 @@ from pactl.errors import PactlError
 
 ALGORITHM = "blake2b-256"  # in hashlib everywhere, fast in pure CPython, no extra to install
 CHUNK = 1 << 20  # bytes hashed per read
+META_KEY = "meta"  # the record's digest of meta.json's own fields
+GENERATION_PREFIX = ".pactl-gen-"  # pactl.store.generations' folders (a sibling: no import)
 
 
 def file_digest(path: Path, advance: Callable[[int], None] | None = None) -> str:
@@ -59,12 +74,66 @@ def recorded(meta: dict[str, Any]) -> dict[str, str] | None:
     return {str(k): v for k, v in files.items() if isinstance(v, str)}
 
 
+def meta_digest(meta: dict[str, Any]) -> str:
+    """The hex blake2b-256 of meta.json's fields as canonical JSON, less the record's "meta"."""
+    fields = dict(meta)
+    found = meta.get("checksums")
+    if isinstance(found, dict):
+        fields["checksums"] = {k: v for k, v in found.items() if k != META_KEY}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.blake2b(text.encode("ascii"), digest_size=32).hexdigest()
+
+
+def seal(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` (with its "checksums" record) plus the digest of its own fields, computed on the
+    JSON as it will be read back (a tuple is a list there, an int key a string)."""
+    written: dict[str, Any] = json.loads(json.dumps(meta))
+    written["checksums"] = {**written["checksums"], META_KEY: meta_digest(written)}
+    return written
+
+
+def check_meta(meta: dict[str, Any], shown: Path, fix: str) -> bool:
+    """Whether meta.json's fields match the digest its record holds of them: True when they
+    do, False when it records none (a bundle written before the digest); one line when they
+    differ (a field edited or damaged)."""
+    found = meta.get("checksums")
+    if recorded(meta) is None or not isinstance(found, dict) or META_KEY not in found:
+        return False
+    if found[META_KEY] != meta_digest(meta):
+        raise PactlError(
+            f"{shown} is damaged or was edited: its fields do not match the {ALGORITHM} "
+            f"checksum it records of them: {fix}"
+        )
+    return True
+
+
+def shared_outside(folder: Path, gen: Path) -> list[str]:
+    """The files of generation `gen` of `folder` that are hard links to a file outside the
+    folder's generations (more links than those hold: an unchanged file linked from the
+    previous generation counts as the folder's own)."""
+    inside: Counter[tuple[int, int]] = Counter()
+    folders = {gen, *(p for p in folder.iterdir() if p.name.startswith(GENERATION_PREFIX))}
+    mine: dict[str, os.stat_result] = {}
+    for where in folders:
+        if not where.is_dir() or (where != gen and where.is_symlink()):
+            continue
+        for entry in os.scandir(where):
+            if entry.is_file(follow_symlinks=False):
+                facts = entry.stat(follow_symlinks=False)
+                inside[(facts.st_dev, facts.st_ino)] += 1
+                if where == gen:
+                    mine[entry.name] = facts
+    return sorted(name for name, f in mine.items() if f.st_nlink > inside[(f.st_dev, f.st_ino)])
+
+
 @dataclass(frozen=True)
 class Checked:
-    """What a full check found: the files whose content was compared, and their bytes."""
+    """What a full check found: the files whose content was compared, and their bytes;
+    `meta`: whether meta.json's own fields were checked too (a record with their digest)."""
 
     files: tuple[str, ...]
     size: int
+    meta: bool = False
 
 
 def check(

@@ -61,8 +61,9 @@ def build_binary(
     positions: Callable[[np.ndarray], np.ndarray],
     seed: int = 0,
 ) -> tuple[BinaryIndex, dict[str, Any]]:
-    """A BinaryIndex over the parts' vectors with their float copy in gen/floats.npy (a hard
-    link to the vectors file where it can be one), and the record meta.json keeps (build_codes)."""
+    """A BinaryIndex over the parts' vectors with their float copy in gen/floats.npy (a clone
+    of the vectors file where the file system can make one), and the record meta.json keeps
+    (build_codes)."""
     n, dim = check_parts(parts)
     check_bits(config.bits or dim, dim, config.rotation)  # before the copy
     started = time.perf_counter()
@@ -127,31 +128,40 @@ def build_codes(
 
 
 def place_floats(parts: Sequence[Part], path: Path, reporter: Reporter) -> np.ndarray:
-    """The parts' vectors as one float32 .npy at `path`, memory-mapped read-only: a hard link
-    to the vectors folder's own file when there is one part mapped whole from a .npy on the
-    same file system (that file is never written again: a generation's files stay as they
-    were written), else a copy written a block at a time."""
-    if len(parts) == 1 and _link_npy(parts[0][0], path):
+    """The parts' vectors as one float32 .npy at `path`, memory-mapped read-only: a file of the
+    bundle's own, never a hard link to the vectors folder's (a write there would change the
+    bundle's answers unseen): a clone of that file where the file system shares blocks (one
+    part mapped whole from a float32 .npy), else a copy written a block at a time."""
+    if len(parts) == 1 and _clone_npy(parts[0][0], path):
         return np.load(path, mmap_mode="r", allow_pickle=False)
     reporter.log(f"copying the float vectors to {path.name} for rescoring")
     n, dim = check_parts(parts)
     return write_floats(path, (n, dim), (b for v, _ in parts for _, b in blocks(v)))
 
 
-def _link_npy(vectors: np.ndarray, path: Path) -> bool:
-    """Hard-link the .npy file `vectors` maps whole to `path`; False where it cannot."""
+FICLONE = 0x40049409  # Linux's ioctl that makes a copy-on-write clone of a whole file
+
+
+def _clone_npy(vectors: np.ndarray, path: Path) -> bool:
+    """Clone the .npy file `vectors` maps whole to `path` (copy-on-write: later writes to
+    either never reach the other); False where it cannot (the copy is then made by rows)."""
     source = getattr(vectors, "filename", None)
     if not isinstance(vectors, np.memmap) or not source or vectors.dtype != np.float32:
         return False
+    if os.name != "posix":
+        return False
+    import fcntl
+
     try:
-        os.link(source, path)
-        linked = np.load(path, mmap_mode="r", allow_pickle=False)
+        with open(source, "rb") as src, open(path, "wb") as dst:
+            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
+        cloned = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError):
         path.unlink(missing_ok=True)
         return False
-    whole = linked.shape == vectors.shape and linked.offset == vectors.offset
-    if not (whole and linked.dtype == np.float32 and linked.flags.c_contiguous):
-        del linked
+    whole = cloned.shape == vectors.shape and cloned.offset == vectors.offset
+    if not (whole and cloned.dtype == np.float32 and cloned.flags.c_contiguous):
+        del cloned
         path.unlink()
         return False
     return True
