@@ -1,12 +1,12 @@
 """`pactl audit` measured: planted wrong labels found, planted copies across splits found, and an
 audit of 1,000,000 items through a bundle's FAISS index.
 
-    python bench/bench_audit.py labels RUN [RUN ...]
-    python bench/bench_audit.py copies RUN --set /tmp/pactl-real/fonts28 --work /tmp/copies
-    python bench/bench_audit.py scale --work /tmp/audit-1m [--n 1000000 --dim 512]
-    python bench/bench_audit.py copies-scale --set /tmp/pactl-real/fashion [--n 1000000]
-    python bench/bench_audit.py descriptor --work /tmp/copies [--vectors EMBED_FOLDER]
-    python bench/bench_audit.py lookalikes --work /tmp/copies
+    python -m bench audit labels RUN [RUN ...]
+    python -m bench audit copies RUN --set /tmp/pactl-real/fonts28 --work /tmp/copies
+    python -m bench audit scale --work /tmp/audit-1m [--n 1000000 --dim 512]
+    python -m bench audit copies-scale --set /tmp/pactl-real/fashion [--n 1000000]
+    python -m bench audit descriptor --work /tmp/copies [--vectors EMBED_FOLDER]
+    python -m bench audit lookalikes --work /tmp/copies
 
 labels: each RUN trained with --label-noise (noise.csv lists the changed rows) is audited on the
 labels it trained with; among its training rows, every score's ranking of the changed labels:
@@ -59,13 +59,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-from pactl.audit import doubt  # noqa: E402
-from pactl.console import Reporter  # noqa: E402
-from pactl.verbs.audit import AuditConfig, choose_centres, score_rows  # noqa: E402
-from pactl.verbs.audit_inputs import Labelled, read_run, row_neighbours  # noqa: E402
+from bench import harness
+from pactl.audit import doubt
+from pactl.console import Reporter
+from pactl.verbs.audit import AuditConfig, choose_centres, score_rows
+from pactl.verbs.audit_inputs import Labelled, read_run, row_neighbours
 
 VARIANTS = (  # name, --score, --centres
     ("classes: proxies", "classes", "proxies"),
@@ -352,11 +350,11 @@ def lookalikes_mode(planted_csv: Path, seed: int) -> None:
         what=str(planted_csv),
     )  # fmt: skip
     workers = min(os.cpu_count() or 1, 8)
-    looks = copies.look(data, copies.CANDIDATES, 4096, QUIET, workers)
-    assert looks is not None
-    made = copies.made_copies(data, looks, seed=0)
-    floor = copies.proposal_floor(made, crops=looks.bases is not None)
-    low, high, score = copies.aligned_pairs(data, looks.candidates, floor, QUIET, workers)
+    proposals = copies.propose(data, copies.CANDIDATES, 4096, QUIET, workers)
+    assert proposals is not None
+    made = copies.made_copies(data, proposals, seed=0)
+    floor = copies.proposal_floor(made, crops=proposals.bases is not None)
+    low, high, score = copies.aligned_pairs(data, proposals.candidates, floor, QUIET, workers)
     reach = float(np.quantile(made.likeness, 1 - copies.COPY_RECALL, method="lower"))
     within = np.array([data.splits[a] == data.splits[b] for a, b in zip(low, high, strict=True)])
     chosen = np.flatnonzero(within & (score >= reach) & (score < copies.IDENTICAL))
@@ -408,8 +406,6 @@ def copies_scale_mode(source: str, n: int, seed: int) -> None:
     """The copy search's costs at n items: thumbnails read per second and pairs aligned per
     second on the set's images, and a FAISS index of n unit descriptors searched in batches for
     each one's nearest, made into candidate pairs as audit does (copies.likeliest)."""
-    import resource
-
     from pactl.audit.alignment import likeness, working
     from pactl.audit.copies import ALIGN_MOST, CANDIDATES, likeliest
     from pactl.audit.thumbnails import DIMS, WHOLE, read_pictures
@@ -447,7 +443,7 @@ def copies_scale_mode(source: str, n: int, seed: int) -> None:
     searched = time.perf_counter() - began - built
     candidates = likeliest(found, np.zeros(n, dtype=bool), CANDIDATES)
     paired = time.perf_counter() - began - built - searched
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak = harness.own_peak_bytes() / 2**30  # VmHWM of this process
     print(
         f"{n:,} descriptors of {DIMS} floats: index built in {built:.1f} s, searched for "
         f"{CANDIDATES} nearest each in {searched:.1f} s, {len(candidates.copy):,} candidate pairs "
@@ -458,7 +454,7 @@ def copies_scale_mode(source: str, n: int, seed: int) -> None:
 
 
 def scale_mode(work: Path, n: int, dim: int, seed: int) -> None:
-    from bench.bench_index import Mixture
+    from bench.data import Mixture
 
     work.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -539,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vectors", type=Path, default=None, help="descriptor: an embed folder")
     args = p.parse_args(argv)
-    print(f"command: python bench/bench_audit.py {' '.join(sys.argv[1:])}")
+    print(f"command: python -m bench audit {' '.join(sys.argv[1:])}")
     if args.mode == "labels":
         labels_mode(args.runs)
     elif args.mode == "retrain":

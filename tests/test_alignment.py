@@ -107,8 +107,8 @@ def test_processes_align_the_same_as_one(tmp_path: Any, monkeypatch: pytest.Monk
         (paths[0], str(tmp_path / "broken.png"), WHOLE),
     ]
     pairs += [(paths[i], paths[j], WHOLE) for i, j in ((0, 1), (1, 2), (2, 3), (3, 0), (1, 3))]
-    monkeypatch.setattr(copies, "CHUNK", 2)
-    monkeypatch.setattr(copies, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(copies, "ALIGN_CHUNK", 2)
+    monkeypatch.setattr(copies, "ALIGN_PARALLEL_FROM", 1)
     here = copies.align(pairs, 1, QUIET)
     apart = copies.align(pairs, 2, QUIET)
     assert np.isnan(here[1]) and np.isnan(apart[1])

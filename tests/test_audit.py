@@ -125,7 +125,7 @@ def neighbour_pairs(
     found: np.ndarray, sims: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(low row, high row, score) of each pair among the neighbours `found` (N, k: -1 where
-    none) at `sims`, once: the pairs copy_pairs and precise_cosine take."""
+    none) at `sims`, once: the pairs copy_pairs and precise_likeness take."""
     rows = np.repeat(np.arange(len(found)), found.shape[1])
     other, score = found.ravel(), sims.ravel()
     keep = other >= 0
@@ -446,7 +446,7 @@ def test_resized_cropped_and_recompressed_copies_across_splits_are_found(tmp_pat
     assert "copies made of" in threshold.how  # calibrated, not given
 
 
-def test_the_precise_cosine_counts_pairs_within_splits_as_the_false_ones_by_hand(
+def test_the_precise_likeness_counts_pairs_within_splits_as_the_false_ones_by_hand(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Rows 0-3 train, 4-7 test: 16 pairs cross splits, 12 lie within them (x4/3). Within:
@@ -463,10 +463,10 @@ def test_the_precise_cosine_counts_pairs_within_splits_as_the_false_ones_by_hand
     )  # fmt: skip
     data = labelled(np.eye(8, 4, dtype=np.float32), list("aabbccdd"), ["train"] * 4 + ["test"] * 4)
     pairs = neighbour_pairs(found, sims)
-    cosine, words = copies.precise_cosine(data, pairs)
-    assert cosine == np.nextafter(np.float32(0.9), np.float32(np.inf)) and "x1.33" in words
+    likeness, words = copies.precise_likeness(data, pairs)
+    assert likeness == np.nextafter(np.float32(0.9), np.float32(np.inf)) and "x1.33" in words
     monkeypatch.setattr(copies, "COPY_FALSE", 0.5)
-    assert copies.precise_cosine(data, pairs)[0] == pytest.approx(0.7)
+    assert copies.precise_likeness(data, pairs)[0] == pytest.approx(0.7)
 
 
 def test_at_most_align_most_candidate_pairs_are_aligned_the_likeliest(
@@ -559,8 +559,8 @@ def test_thumbnails_read_by_processes_are_those_read_here(
     paths = smooth_files(tmp_path, 7, seed=4)
     (tmp_path / "bad.png").write_bytes(b"no")
     paths.insert(3, str(tmp_path / "bad.png"))
-    monkeypatch.setattr(thumbnails, "CHUNK", 3)
-    monkeypatch.setattr(thumbnails, "PARALLEL_FROM", 1)
+    monkeypatch.setattr(thumbnails, "READ_CHUNK", 3)
+    monkeypatch.setattr(thumbnails, "READ_PARALLEL_FROM", 1)
     here = thumbnails.read_pictures(paths, keep_bases=True)
     apart = thumbnails.read_pictures(paths, keep_bases=True, workers=2)
     assert here.read.tolist() == apart.read.tolist() == [True] * 3 + [False] + [True] * 4

@@ -23,7 +23,8 @@ import numpy as np
 from pactl.audit.thumbnails import Box
 
 WORK = 64  # longest side images are compared at, in pixels
-BLUR = 1.2  # both images' Gaussian, in the original's pixels (more where the copy is smaller)
+# both images' Gaussian, in the original's pixels (more where the copy is smaller)
+BLUR_PIXELS = 1.2
 MARGIN = 2.0  # the template's edge left out, in blurs
 REACH = 0.1  # box sizes tried each side of the proposed one, as a share of the side
 LEAST = 0.7  # the smallest box tried, as a share of each side
@@ -75,7 +76,7 @@ def likeness(original: Any, copy: Any, box: Box) -> float:
     best = np.inf
     seen: dict[float, np.ndarray] = {}
     for w, h in sizes:
-        sigma = BLUR * max(1.0, w / cw, h / ch)
+        sigma = BLUR_PIXELS * max(1.0, w / cw, h / ch)
         margin = int(np.ceil(MARGIN * sigma))
         if min(w, h) - 2 * margin < 2:
             continue

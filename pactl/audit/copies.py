@@ -54,8 +54,8 @@ CROP_ITEMS = 50_000  # sets up to this size are searched for crops, larger ones 
 PER_BOX = 3  # nearest taken for each box of each image
 CANDIDATES = 20  # likeliest originals kept for each image, at least
 ALIGN_MOST = 200_000  # candidate pairs aligned at most (the likeliest; 2 to 3 ms each)
-CHUNK = 500  # candidate pairs a process aligns at once
-PARALLEL_FROM = 4_000  # candidate pairs from which processes share the alignment
+ALIGN_CHUNK = 500  # candidate pairs a process aligns at once
+ALIGN_PARALLEL_FROM = 4_000  # candidate pairs from which processes share the alignment
 CHANGES = ("resize", "crop", "jpeg", "all")
 
 
@@ -76,7 +76,7 @@ class CopySource(Protocol):
 
 @dataclass(frozen=True)
 class CopyThreshold:
-    cosine: float  # the likeness at or above which two images are copies
+    likeness: float  # the likeness at or above which two images are copies
     how: str  # where it came from, in words, with the descriptor that found the pairs
 
 
@@ -109,7 +109,7 @@ class Candidates:
 
 
 @dataclass(frozen=True)
-class Looks:
+class Proposals:
     """Every audited row's whole-image descriptor (unit rows, zero where unread), the bases the
     boxes are cut from (None above CROP_ITEMS rows) and the candidate pairs."""
 
@@ -120,7 +120,7 @@ class Looks:
 
 
 @dataclass(frozen=True)
-class Made:
+class MadeCopies:
     """The copies the audit made of some rows: each row, its copy's best descriptor cosine to a
     box of it, its copy's likeness to it, and the change that made it (each (n,))."""
 
@@ -181,27 +181,27 @@ def find_copies(
     """The leaks and conflicts among the candidates proposed by the thumbnail descriptor and
     aligned (each image's k likeliest originals, at least CANDIDATES; by `workers` processes),
     at the `given` likeness or one calibrated on the set (none: too few images read)."""
-    looks = look(data, max(k, CANDIDATES), batch_size, reporter, workers)
-    if looks is None:
+    proposals = propose(data, max(k, CANDIDATES), batch_size, reporter, workers)
+    if proposals is None:
         reporter.log("copies: not looked for (fewer than 2 of the images can be read)")
         return [], None
-    made = made_copies(data, looks, seed=0)
-    floor = proposal_floor(made, crops=looks.bases is not None)
-    pairs = aligned_pairs(data, looks.candidates, floor, reporter, workers)
+    made = made_copies(data, proposals, seed=0)
+    floor = proposal_floor(made, crops=proposals.bases is not None)
+    pairs = aligned_pairs(data, proposals.candidates, floor, reporter, workers)
     if given is not None:
         threshold = CopyThreshold(given, f"{given:.4f} likeness (given)")
     else:
-        threshold = calibrate_copies(data, made, floor, pairs)
-    crops = "whole images and crops" if looks.bases is not None else "whole images only"
+        threshold = choose_copy_threshold(data, made, floor, pairs)
+    crops = "whole images and crops" if proposals.bases is not None else "whole images only"
     reporter.log(
-        f"copies proposed by {looks.describe.words()} ({crops}; not the network's embedding), "
+        f"copies proposed by {proposals.describe.words()} ({crops}; not the network's embedding), "
         f"{counted(len(pairs[0]), 'candidate pair')} at cosine {floor:.4f} or more (where "
         f"{PROPOSED:.0%} of the copies made are) aligned pixel by pixel: {threshold.how}"
     )
-    return copy_pairs(data, pairs, threshold.cosine), threshold
+    return copy_pairs(data, pairs, threshold.likeness), threshold
 
 
-def proposal_floor(made: Made, crops: bool) -> float:
+def proposal_floor(made: MadeCopies, crops: bool) -> float:
     """The cosine PROPOSED of the copies made reach (of the resized and recompressed ones only
     where crops are not looked for: a crop's whole-image cosine would only lower it)."""
     whole = np.full(len(made.changes), crops) | ~np.isin(made.changes, ("crop", "all"))
@@ -209,9 +209,9 @@ def proposal_floor(made: Made, crops: bool) -> float:
     return float(np.quantile(cosines, 1 - PROPOSED, method="lower"))
 
 
-def look(
+def propose(
     data: CopySource, k: int, batch_size: int, reporter: Reporter, workers: int = 1
-) -> Looks | None:
+) -> Proposals | None:
     """Every row's descriptor (the images read by `workers` processes) and the candidate pairs:
     each row's k nearest whole images, and the PER_BOX nearest of each box of it (up to
     CROP_ITEMS rows), through a FAISS index of the whole descriptors, in batches (None: fewer
@@ -270,7 +270,7 @@ def look(
                 )
                 advance(len(rows))
     blank = ~np.any(descriptors != 0, axis=1) | ~read  # unread or uniform: matches nothing
-    return Looks(describe, descriptors, bases, likeliest(found, blank, k))
+    return Proposals(describe, descriptors, bases, likeliest(found, blank, k))
 
 
 def likeliest(found: list[Found], blank: np.ndarray, k: int) -> Candidates:
@@ -309,7 +309,7 @@ def best_of_each(key: np.ndarray, score: np.ndarray) -> np.ndarray:
     return order[np.r_[True, ordered[1:] != ordered[:-1]]]
 
 
-def made_copies(data: CopySource, looks: Looks, seed: int) -> Made:
+def made_copies(data: CopySource, proposals: Proposals, seed: int) -> MadeCopies:
     """Copies made of COPY_SAMPLE of the rows read (write_copies), and how the two steps see
     each: its whole descriptor's best cosine to a box of its row (the whole image alone where
     no bases were kept), and its likeness aligned on that box."""
@@ -317,7 +317,7 @@ def made_copies(data: CopySource, looks: Looks, seed: int) -> Made:
     from pactl.audit.thumbnails import BOXES, box_thumbnails, integral, read_pictures
 
     rng = np.random.default_rng(seed)
-    seen = np.flatnonzero(np.any(looks.descriptors != 0, axis=1))
+    seen = np.flatnonzero(np.any(proposals.descriptors != 0, axis=1))
     sample = np.sort(rng.choice(seen, size=min(COPY_SAMPLE, len(seen)), replace=False))
     with tempfile.TemporaryDirectory(prefix="pactl-copies-") as tmp:
         files, kept = write_copies([data.paths[i] for i in sample.tolist()], Path(tmp), seed)
@@ -326,14 +326,14 @@ def made_copies(data: CopySource, looks: Looks, seed: int) -> Made:
         if len(made) < 2:
             raise PactlError(f"{data.what}: too few readable images to calibrate copies on")
         rows = sample[made]
-        copied = looks.describe(pictures.thumbs[pictures.read])
-        if looks.bases is None:
-            cosines = np.einsum("ij,ij->i", copied, looks.descriptors[rows])[None]
+        copied = proposals.describe(pictures.thumbs[pictures.read])
+        if proposals.bases is None:
+            cosines = np.einsum("ij,ij->i", copied, proposals.descriptors[rows])[None]
         else:
-            bases = looks.bases[rows]
+            bases = proposals.bases[rows]
             total = integral(bases)
             cosines = np.stack(
-                [np.einsum("ij,ij->i", copied, looks.describe(box_thumbnails(bases, b, total)))
+                [np.einsum("ij,ij->i", copied, proposals.describe(box_thumbnails(bases, b, total)))
                  for b in BOXES]
             )  # fmt: skip
         box = np.argmax(cosines, axis=0)
@@ -343,7 +343,7 @@ def made_copies(data: CopySource, looks: Looks, seed: int) -> Made:
              for r, f, b in zip(rows.tolist(), made_files, box.tolist(), strict=True)]
         )  # fmt: skip
     changes = np.array([CHANGES[i % len(CHANGES)] for i in made.tolist()])
-    return Made(rows, cosines.max(axis=0), alike, changes)
+    return MadeCopies(rows, cosines.max(axis=0), alike, changes)
 
 
 def aligned_pairs(
@@ -351,7 +351,7 @@ def aligned_pairs(
 ) -> Pairs:
     """(low row, high row, likeness) of each candidate pair whose cosine reaches `floor` (the
     ALIGN_MOST likeliest where more do), once (its best of the two directions), aligned by
-    `workers` processes (in this one below PARALLEL_FROM pairs); a pair with an unreadable
+    `workers` processes (in this one below ALIGN_PARALLEL_FROM pairs); a pair with an unreadable
     image is left out."""
     from pactl.audit.thumbnails import BOXES
 
@@ -382,34 +382,38 @@ def aligned_pairs(
 
 
 def align(items: list[Any], workers: int, reporter: Reporter) -> np.ndarray:
-    """pactl.audit.alignment.likeness_of_pairs over `items`, CHUNK at a time, in `workers` processes
-    where there are PARALLEL_FROM items or more."""
+    """pactl.audit.alignment.likeness_of_pairs over `items`, ALIGN_CHUNK at a time, in `workers`
+    processes where there are ALIGN_PARALLEL_FROM items or more."""
     from pactl.audit.alignment import likeness_of_pairs
     from pactl.audit.processes import in_chunks
 
     with reporter.bar("aligning candidate pairs", total=len(items)) as advance:
-        parts = in_chunks(likeness_of_pairs, items, CHUNK, workers, advance, PARALLEL_FROM)
+        parts = in_chunks(
+            likeness_of_pairs, items, ALIGN_CHUNK, workers, advance, ALIGN_PARALLEL_FROM
+        )
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def calibrate_copies(data: CopySource, made: Made, floor: float, pairs: Pairs) -> CopyThreshold:
+def choose_copy_threshold(
+    data: CopySource, made: MadeCopies, floor: float, pairs: Pairs
+) -> CopyThreshold:
     """The copy threshold, precision first: the higher of the likeness COPY_RECALL of the copies
     made of the set's images reach and the lowest at which the pairs estimated false are at
     most COPY_FALSE of those reported (identical pictures always reported)."""
     reach = float(np.quantile(made.likeness, 1 - COPY_RECALL, method="lower"))
-    close, null = precise_cosine(data, pairs)
-    cosine = min(max(reach, close), IDENTICAL)
-    found = (made.likeness >= cosine) & (made.cosines >= floor)
+    close, null = precise_likeness(data, pairs)
+    likeness = min(max(reach, close), IDENTICAL)
+    found = (made.likeness >= likeness) & (made.cosines >= floor)
     kept = ", ".join(f"{c} {np.mean(found[made.changes == c]):.0%}" for c in CHANGES)
     how = (
-        f"{cosine:.4f} likeness: {COPY_RECALL:.0%} of the copies made of {len(made.rows):,} of "
-        f"the set's own images reach {reach:.4f}; {null}; copies made found at {cosine:.4f}: "
+        f"{likeness:.4f} likeness: {COPY_RECALL:.0%} of the copies made of {len(made.rows):,} of "
+        f"the set's own images reach {reach:.4f}; {null}; copies made found at {likeness:.4f}: "
         f"{kept}"
     )
-    return CopyThreshold(cosine, how)
+    return CopyThreshold(likeness, how)
 
 
-def precise_cosine(data: CopySource, pairs: Pairs) -> tuple[float, str]:
+def precise_likeness(data: CopySource, pairs: Pairs) -> tuple[float, str]:
     """The lowest likeness at which the pairs within one split (less the identical), scaled to the
     pairs across splits, are at most COPY_FALSE of the pairs across splits, among the aligned
     `pairs`; with one split, the pairs under two labels stand for both. And the words for it."""
@@ -426,12 +430,12 @@ def precise_cosine(data: CopySource, pairs: Pairs) -> tuple[float, str]:
     candidates = np.unique(np.r_[reported, np.nextafter(null[-1], np.inf)])
     false = scale * (len(null) - np.searchsorted(null, candidates, side="left"))
     shown = len(reported) - np.searchsorted(reported, candidates, side="left")
-    cosine = float(candidates[np.flatnonzero(false <= COPY_FALSE * shown)[0]])
-    return cosine, (
+    likeness = float(candidates[np.flatnonzero(false <= COPY_FALSE * shown)[0]])
+    return likeness, (
         f"{counted(len(null), 'aligned pair')} within {'a split' if several else 'two labels'}, "
         "not identical "
         f"(x{scale:.2f} for the pairs across splits), estimate at most {COPY_FALSE:.0%} of the "
-        f"pairs reported false from {cosine:.4f} up"
+        f"pairs reported false from {likeness:.4f} up"
     )
 
 

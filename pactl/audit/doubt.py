@@ -84,7 +84,7 @@ EXACT_CLASSES = 1024  # up to this many classes every item is held against all o
 
 
 @dataclass(frozen=True)
-class Centres:
+class ClassCentres:
     """One unit vector per class the witness knows: `vectors` (K, D), `codes` (K,) the label
     code each stands for (ascending). Proxies come as they are; class means keep `sums` (K, D)
     and `counts` (K,), so that an item is held against its own class without itself."""
@@ -100,17 +100,17 @@ class Centres:
         return np.where(self.codes[at] == codes, at, -1)
 
 
-def proxy_centres(proxies: np.ndarray, codes: np.ndarray) -> Centres:
+def proxy_centres(proxies: np.ndarray, codes: np.ndarray) -> ClassCentres:
     order = np.argsort(codes)
     vectors = unit_rows(np.asarray(proxies, np.float64)[order]).astype(np.float32)
-    return Centres(vectors, np.asarray(codes)[order])
+    return ClassCentres(vectors, np.asarray(codes)[order])
 
 
-def mean_centres(sums: np.ndarray, counts: np.ndarray) -> Centres:
+def mean_centres(sums: np.ndarray, counts: np.ndarray) -> ClassCentres:
     """The means of the classes present (count > 0), from per-code `sums` (C, D) and `counts`."""
     codes = np.flatnonzero(counts > 0)
     vectors = unit_rows(sums[codes]).astype(np.float32)  # float32: cosines to many classes
-    return Centres(vectors, codes, sums[codes], counts[codes])
+    return ClassCentres(vectors, codes, sums[codes], counts[codes])
 
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
@@ -131,7 +131,7 @@ class ClassWitness:
 def ask_classes(
     queries: np.ndarray,
     own: np.ndarray,
-    centres: Centres,
+    centres: ClassCentres,
     candidates: np.ndarray | None = None,
     scale: float = SCALE,
 ) -> ClassWitness:
@@ -155,7 +155,7 @@ def ask_classes(
     return ClassWitness(share, other, other_share, top)
 
 
-def own_cosine(queries: np.ndarray, at: np.ndarray, centres: Centres) -> np.ndarray:
+def own_cosine(queries: np.ndarray, at: np.ndarray, centres: ClassCentres) -> np.ndarray:
     """(B,) each query's cosine to its own class (NaN: a class the witness lacks); to a class
     mean without the query itself in it (NaN for a class of one)."""
     known = at >= 0

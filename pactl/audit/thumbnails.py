@@ -3,7 +3,7 @@ thinks of their classes, and the boxes a cropped copy's original is looked for i
 
 A metric network is trained to put every image of a class together, so it puts a resized copy
 no nearer to its original than the original's class-mates. The thumbnail keeps the picture
-instead: the image in grey, squeezed to a GRID x GRID base, blurred (a Gaussian of BLUR of the
+instead: the image in grey, squeezed to a GRID x GRID base, blurred (a Gaussian of BLUR_SHARE of the
 side: resampling and JPEG blocks fall below it), averaged over SIDE x SIDE cells of a box of it
 (the whole image, or one of BOXES) and its own mean taken off. Images of a set share their
 layout (a centred garment, a glyph on white), which makes raw thumbnails alike; the set's own
@@ -27,13 +27,13 @@ from pactl.console import QUIET, Reporter
 from pactl.images import ImageError, load_image
 
 GRID = 64  # the blurred base's side in pixels
-BLUR = 1.5 / 28  # the base's Gaussian, as a share of its side
+BLUR_SHARE = 1.5 / 28  # the base's Gaussian, as a share of its side
 SIDE = 12  # the thumbnail's side in cells
 DIMS = 48  # whitened axes kept
 FIT_SAMPLE = 20_000  # thumbnails the whitening is fitted on, at most
 FLOOR = 1e-3  # spread added to each axis, as a share of the largest (noise is not detail)
-CHUNK = 2_000  # images a process reads at once
-PARALLEL_FROM = 8_000  # images from which processes share the reading
+READ_CHUNK = 2_000  # images a process reads at once
+READ_PARALLEL_FROM = 8_000  # images from which processes share the reading
 Box = tuple[float, float, float, float]  # left, top, right, bottom, as shares of the sides
 WHOLE: Box = (0.0, 0.0, 1.0, 1.0)
 
@@ -64,7 +64,7 @@ def base(image: Any) -> np.ndarray:
     from PIL import Image, ImageFilter
 
     grey = image.convert("L").resize((GRID, GRID), Image.Resampling.BOX)
-    return np.asarray(grey.filter(ImageFilter.GaussianBlur(GRID * BLUR)), dtype=np.uint8)
+    return np.asarray(grey.filter(ImageFilter.GaussianBlur(GRID * BLUR_SHARE)), dtype=np.uint8)
 
 
 def integral(bases: np.ndarray) -> np.ndarray:
@@ -122,15 +122,15 @@ def read_pictures(
     workers: int = 1,
 ) -> Pictures:
     """The whole thumbnails of the images at `paths` (and their bases, with `keep_bases`), read
-    by `workers` processes from PARALLEL_FROM images on (pactl.audit.processes)."""
+    by `workers` processes from READ_PARALLEL_FROM images on (pactl.audit.processes)."""
     from functools import partial
 
     from pactl.audit.processes import in_chunks
 
     with reporter.bar("reading thumbnails", total=len(paths)) as advance:
         parts = in_chunks(
-            partial(read_chunk, keep_bases=keep_bases), list(paths), CHUNK, workers, advance,
-            PARALLEL_FROM,
+            partial(read_chunk, keep_bases=keep_bases), list(paths), READ_CHUNK, workers, advance,
+            READ_PARALLEL_FROM,
         )  # fmt: skip
     if not parts:
         parts = [read_chunk([], keep_bases)]

@@ -2,11 +2,11 @@
 of its outliers, and of its copies across splits or under two labels; a manifest without the
 rows a user chose to drop. Nothing here deletes, moves or relabels an image.
 
-Each item is scored in batches (pactl.audit.doubt): the classes' witness (its cosine to its own class's
-mean without itself, or with --centres proxies to the run's proxy, against the other classes'),
-the neighbours' witness (the share of its k nearest other items carrying its label), their
-blend, the label they suggest instead, and how far it lies from every class and every neighbour
-(outliers).
+Each item is scored in batches (pactl.audit.doubt): the classes' witness (its cosine to its own
+class's mean without itself, or with --centres proxies to the run's proxy, against the other
+classes'), the neighbours' witness (the share of its k nearest other items carrying its label),
+their blend, the label they suggest instead, and how far it lies from every class and every
+neighbour (outliers).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def check_config(config: AuditConfig) -> None:
 
 def choose_centres(
     data: Labelled, config: AuditConfig
-) -> tuple[tuple[doubt.Centres | None, doubt.Centres], str]:
+) -> tuple[tuple[doubt.ClassCentres | None, doubt.ClassCentres], str]:
     """(proxies or None, class means) and the words for them; --centres proxies on a network
     without proxies is one line."""
     if config.centres == "proxies" and data.proxies is None:
@@ -117,7 +117,7 @@ def choose_centres(
     )
 
 
-def class_means(data: Labelled, batch_size: int) -> doubt.Centres:
+def class_means(data: Labelled, batch_size: int) -> doubt.ClassCentres:
     """Every label's mean vector (unit), with the sums and counts that leave an item out."""
     sums: np.ndarray | None = None
     counts = np.bincount(data.codes, minlength=len(data.names)).astype(np.int64)
@@ -137,7 +137,7 @@ def class_means(data: Labelled, batch_size: int) -> doubt.Centres:
 
 def score_rows(
     data: Labelled,
-    centres: tuple[doubt.Centres | None, doubt.Centres],
+    centres: tuple[doubt.ClassCentres | None, doubt.ClassCentres],
     config: AuditConfig,
     reporter: Reporter,
 ) -> tuple[Scores, np.ndarray, np.ndarray]:
@@ -172,7 +172,7 @@ def score_batch(
     rows: np.ndarray,
     found: np.ndarray,
     sims: np.ndarray,
-    centres: tuple[doubt.Centres | None, doubt.Centres],
+    centres: tuple[doubt.ClassCentres | None, doubt.ClassCentres],
 ) -> dict[str, np.ndarray]:
     """One batch's witnesses: the neighbours' share and majority, the classes' share (proxies
     for the items whose class has one, means for the rest) and nearest other class."""

@@ -42,7 +42,7 @@ class Labelled:
     splits: Sequence[str]
     vectors: Callable[[np.ndarray], np.ndarray]  # rows -> (B, D) float32 unit rows
     neighbours: Neighbours
-    proxies: doubt.Centres | None  # the network's proxies, by label code
+    proxies: doubt.ClassCentres | None  # the network's proxies, by label code
     planted: np.ndarray | None = None  # (N,) bool: labels a run's --label-noise changed
     what: str = ""  # the run or bundle, for messages
 
@@ -56,7 +56,7 @@ def encode(names: Sequence[str]) -> tuple[np.ndarray, list[str]]:
     return codes.astype(np.int64), [str(n) for n in order]
 
 
-def proxies_of(payload: dict[str, Any], names: list[str]) -> doubt.Centres | None:
+def proxies_of(payload: dict[str, Any], names: list[str]) -> doubt.ClassCentres | None:
     """A full checkpoint's proxies as centres of the label codes its classes have here (None:
     an export, or a loss without proxies)."""
     state = payload.get("proxies") or {}
