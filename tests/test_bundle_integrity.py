@@ -168,7 +168,7 @@ def test_file_digest_hashes_every_chunk_and_reports_each(
 
     data = bytes(np.random.default_rng(1).integers(0, 256, 50, dtype=np.uint8))
     (tmp_path / "f").write_bytes(data)
-    monkeypatch.setattr(checksums, "CHUNK", 7)
+    monkeypatch.setattr(checksums, "BLOCK_BYTES", 7)
     steps: list[int] = []
     assert checksums.file_digest(tmp_path / "f", steps.append) == blake2b_of(data)
     assert steps == [7] * 7 + [1]

@@ -18,9 +18,9 @@ from typing import Protocol
 
 from pactl.console import Advance, Reporter
 from pactl.errors import PactlError
+from pactl.store.checksums import BLOCK_BYTES
 from pactl.store.generations import FULL_DISK, atomic_write_text
 
-CHUNK = 1 << 20  # bytes copied at a time
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
@@ -219,7 +219,7 @@ def copy_stream(source: Readable, dest: Path, mode: str, advance: Advance | None
     with writing_to(dest):
         f = open(dest, mode)  # noqa: SIM115 - closed below, where its last flush is checked
     try:
-        while block := source.read(CHUNK):
+        while block := source.read(BLOCK_BYTES):
             with writing_to(dest):
                 f.write(block)
             if advance is not None:

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pactl.console import Advance, Reporter, visible
-from pactl.datasets.archives import CHUNK, DiskError, copy_stream, extract, is_archive, writing_to
+from pactl.datasets.archives import DiskError, copy_stream, extract, is_archive, writing_to
 from pactl.errors import PactlError
+from pactl.store.checksums import BLOCK_BYTES
 from pactl.store.generations import atomic_path
 from pactl.version import __version__
 
@@ -351,7 +352,7 @@ def digest(path: Path, reporter: Reporter) -> Digests:
     sha, md5 = hashlib.sha256(), hashlib.md5()
     size = path.stat().st_size
     with open(path, "rb") as f, _byte_bar(reporter, f"checking {path.name}", size, 0) as advance:
-        while block := f.read(CHUNK):
+        while block := f.read(BLOCK_BYTES):
             sha.update(block)
             md5.update(block)
             advance(len(block))

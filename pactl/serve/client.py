@@ -28,7 +28,7 @@ from pactl.errors import PactlError, UsageError
 from pactl.results import Hit, QueryChunk
 from pactl.store.regular_files import NotRegular, open_regular, os_reason
 
-CHUNK = 128
+BATCH_FILES = 128  # files sent in one request at most (fewer where the service says so)
 DEFAULT_LIMITS = (20 * 1024 * 1024, 128)  # bytes and files, where /health does not say them
 PART_BYTES = 256  # a multipart part's own lines, besides its data (and its name, in "names")
 FORM_BYTES = 4096  # the form's other fields and its closing boundary
@@ -74,7 +74,7 @@ def remote_chunks(
         if cost > budget:
             failed.append((name, f"{len(data):,} bytes: over the service's upload limit"))
             continue
-        if pending and (len(pending) >= min(CHUNK, most) or size + cost > budget):
+        if pending and (len(pending) >= min(BATCH_FILES, most) or size + cost > budget):
             yield _ask(url, token, pending, failed, asked)
             pending, failed, size = [], [], 0
         pending.append((name, data))

@@ -38,7 +38,7 @@ from typing import Any
 from pactl.errors import PactlError
 
 ALGORITHM = "blake2b-256"  # in hashlib everywhere, fast in pure CPython, no extra to install
-CHUNK = 1 << 20  # bytes hashed per read
+BLOCK_BYTES = 1 << 20  # bytes read at a time (hashed, copied)
 META_KEY = "meta"  # the record's digest of meta.json's own fields
 GENERATION_PREFIX = ".pactl-gen-"  # pactl.store.generations' folders (a sibling: no import)
 
@@ -47,7 +47,7 @@ def file_digest(path: Path, advance: Callable[[int], None] | None = None) -> str
     """The hex blake2b-256 digest of the file; `advance(n)` after each n bytes hashed."""
     digest = hashlib.blake2b(digest_size=32)
     with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
+        while chunk := f.read(BLOCK_BYTES):
             digest.update(chunk)
             if advance is not None:
                 advance(len(chunk))
