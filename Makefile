@@ -45,16 +45,12 @@ demo: $(STAMP)
 readme-picture: $(STAMP)
 	$(BIN)/python -m tools.readme_picture --out docs/img/demo-query.png
 
+# The main benchmarks, each through `python -m bench NAME` (`python -m bench` lists them all);
+# each records bench/results/NAME.json (docs/benchmarks.md).
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
-	$(BIN)/python bench/bench_help.py
-	$(BIN)/python bench/bench_loss.py
-	$(BIN)/python bench/bench_train_step.py
-	$(BIN)/python bench/bench_eval.py
-	$(BIN)/python -m bench.bench_index
-	$(BIN)/python bench/bench_ondisk.py
-	$(BIN)/python bench/bench_embed.py
-	$(BIN)/python -m bench.bench_query_load
+	for name in help loss train_step eval index ondisk embed query_load; do \
+		$(BIN)/python -m bench $$name || exit 1; done
 
 # Learning on real images, offline: builds the glyph and Fashion-MNIST sets (apt-get, as root)
 # and ImageNet weights for EfficientNet-Lite0 under $(REAL), then trains each way (about an hour
@@ -65,7 +61,7 @@ bench-real: $(STAMP)
 	test -f $(REAL)/fonts/manifest.csv || $(BIN)/python -m tools.real_sets fonts $(REAL)/fonts
 	test -f $(REAL)/fashion/manifest.csv || $(BIN)/python -m tools.real_sets fashion $(REAL)/fashion
 	test -f $(REAL)/lite0.pth || $(BIN)/python -m tools.lite0_weights $(REAL)/lite0.pth
-	$(BIN)/python bench/bench_real.py --root $(REAL)
+	$(BIN)/python -m bench real --root $(REAL)
 
 # Mutation testing (docs/mutation.md): mutmut mutates the modules pyproject.toml's [tool.mutmut]
 # names and runs each mutant against the fast tests listed there that call the mutated function,

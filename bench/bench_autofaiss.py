@@ -8,7 +8,7 @@ written once under --work in the clip-retrieval layout (embeddings/img_emb_00000
 metadata/metadata_00000.parquet), which both tools read: `pactl index` as a vectors folder,
 autofaiss as its embeddings folder. Fresh queries (not in the index) are drawn the same way.
 
-Each build is its own process under /usr/bin/time -v (wall time and its peak RSS):
+Each build is its own fresh process (bench.harness.run_fresh: wall time and its peak RSS):
   (a) `python -m pactl index DATA --out BUNDLE`, as users run it (default factory and tuning);
   (b) autofaiss.build_index in its own virtual environment (--autofaiss-python; it pins older
       numpy), with max_index_memory_usage set to pactl's memory budget
@@ -24,8 +24,8 @@ the autofaiss environment (never the project's):
   python3 -m venv /tmp/autofaiss-venv && /tmp/autofaiss-venv/bin/pip install autofaiss 'pyarrow<16'
 
 Run from the repository root:
-  python -m bench.bench_autofaiss                  # 1,000,000 x 512, 1,000 queries
-  python -m bench.bench_autofaiss --n 200000       # smaller
+  python -m bench autofaiss                  # 1,000,000 x 512, 1,000 queries
+  python -m bench autofaiss --n 200000       # smaller
 Results go to stdout (a markdown table), progress to stderr.
 """
 
@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.bench_index import CHUNK, K, Mixture, fastest, recall_at_10
+from bench import harness
+from bench.bench_index import K, fastest, recall_at_10
+from bench.data import CHUNK, Mixture
 from pactl.config import IndexConfig
 from pactl.console import Reporter
 
@@ -101,26 +100,20 @@ def make_data(args: argparse.Namespace, log: Reporter) -> Path:
     return data
 
 
-def timed(command: list[str], stats_file: Path, log: Reporter) -> dict[str, float]:
-    """Run `command` under /usr/bin/time -v: its wall seconds and peak RSS (GiB)."""
-    log.log("running: " + " ".join(command))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    start = time.perf_counter()
-    subprocess.run(["/usr/bin/time", "-v", "-o", str(stats_file), *command], env=env, check=True)
-    wall = time.perf_counter() - start
-    text = stats_file.read_text()
-    found = re.search(r"Maximum resident set size \(kbytes\): (\d+)", text)
-    if found is None:
-        raise SystemExit(f"error: {stats_file} has no peak RSS: is /usr/bin/time GNU time?")
-    peak_kb = int(found.group(1))
-    return {"build_s": wall, "peak_gib": peak_kb / 2**20}
+def timed(command: list[str], log: Reporter, python: str = sys.executable) -> dict[str, float]:
+    """Run `python COMMAND` in a fresh process (harness.run_fresh): its wall seconds and its
+    peak resident memory (GiB)."""
+    log.log("running: " + " ".join([python, *command]))
+    done = harness.run_fresh(command, python=python)
+    sys.stderr.write(done.stderr)  # the build's own progress and log
+    return {"build_s": done.seconds, "peak_gib": done.peak_bytes / 2**30}
 
 
 def build_pactl(args: argparse.Namespace, data: Path, log: Reporter) -> dict[str, Any]:
     out = args.work / "pactl-bundle"
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "pactl", "index", str(data), "--out", str(out)]
-    got: dict[str, Any] = timed([*command, "--faiss-device", "cpu"], args.work / "pactl.time", log)
+    command = ["-m", "pactl", "index", str(data), "--out", str(out), "--faiss-device", "cpu"]
+    got: dict[str, Any] = timed(command, log)
     meta = json.loads((out / "meta.json").read_text())
     got.update(path=out / "index.faiss", params=str(meta.get("search_params") or ""))
     got["factory"] = meta.get("factory") or meta.get("index", {}).get("factory", "?")
@@ -133,10 +126,8 @@ def build_autofaiss(args: argparse.Namespace, data: Path, log: Reporter) -> dict
     out.mkdir(parents=True)
     index_path, infos_path = out / "knn.index", out / "infos.json"
     budget = f"{int(IndexConfig().memory_budget_gb)}G"
-    command = [str(args.autofaiss_python), "-c", AUTOFAISS_BUILD, str(data)]
-    got: dict[str, Any] = timed(
-        [*command, str(index_path), str(infos_path), budget, args.available], out / "time.txt", log
-    )
+    command = ["-c", AUTOFAISS_BUILD, str(data), str(index_path), str(infos_path), budget]
+    got: dict[str, Any] = timed([*command, args.available], log, str(args.autofaiss_python))
     if not infos_path.is_file():
         raise SystemExit(f"error: autofaiss wrote no {infos_path} (see its log above)")
     infos = json.loads(infos_path.read_text())
@@ -210,7 +201,7 @@ def report(
         ("query, batched (ms/query)", "batched_ms", "{:.3f}", False),
         ("query, one at a time (ms)", "single_ms", "{:.3f}", False),
     ]
-    print(f"command: python -m bench.bench_autofaiss {' '.join(sys.argv[1:])}".rstrip())
+    print(f"command: python -m bench autofaiss {' '.join(sys.argv[1:])}".rstrip())
     print(
         f"data: {args.n:,} x {args.dim} clustered unit vectors (seed {args.seed}), "
         f"{args.queries:,} fresh queries; faiss threads here: {faiss.omp_get_max_threads()}; "

@@ -31,11 +31,11 @@ default and the float default built there by `pactl index` (each its own process
 queried in child processes; the data is deleted at the end unless --keep.
 
 Run from the repository root (heavy: `flock /tmp/pactl-heavy.lock nice -n 5 ...`):
-  python -m bench.bench_binary                          # 1,000,000 x 512
-  python -m bench.bench_binary --quick                  # 100,000 x 128, a smoke test
-  python -m bench.bench_binary --sets fonts,fashion     # the real sets (trains 4 networks)
-  python -m bench.bench_binary --sets fonts28 --float-run RUN --bits-run RUN   # runs of yours
-  python -m bench.bench_binary --scale --n 10000000 --workdir /tmp/pactl-scale
+  python -m bench binary                          # 1,000,000 x 512
+  python -m bench binary --quick                  # 100,000 x 128, a smoke test
+  python -m bench binary --sets fonts,fashion     # the real sets (trains 4 networks)
+  python -m bench binary --sets fonts28 --float-run RUN --bits-run RUN   # runs of yours
+  python -m bench binary --scale --n 10000000 --workdir /tmp/pactl-scale
 Results (markdown) go to stdout, progress to stderr.
 """
 
@@ -54,18 +54,11 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
+from bench import harness
+from bench.bench_index import K, data_parser, fastest, parsed, recall_at_10
+from bench.data import CHUNK, Mixture
 
-from bench.bench_index import (  # noqa: E402
-    CHUNK,
-    K,
-    Mixture,
-    data_parser,
-    fastest,
-    parsed,
-    recall_at_10,
-)
+ROOT = Path(__file__).resolve().parents[1]
 
 BITS = (64, 128, 256, 512)
 REPEATS = 3  # timed batched passes; the fastest counts
@@ -126,19 +119,18 @@ def exact_truth(base: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
 
 def build(vectors: Path, out: Path, options: list[str]) -> dict[str, Any]:
     """`pactl index VECTORS --out OUT OPTIONS` in its own process: its meta.json, the build's
-    seconds and peak RSS (GiB), the bundle's in-memory index bytes and its bytes on disk."""
-    command = [sys.executable, "-m", "pactl", "index", str(vectors), "--out", str(out)]
-    started = time.perf_counter()
-    process = subprocess.Popen([*command, *options, "--quiet"], stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    if status != 0:
-        raise SystemExit(f"pactl index {' '.join(options)} failed ({status})")
+    seconds and peak RSS (GiB, harness.run_fresh), the bundle's in-memory index bytes and its
+    bytes on disk."""
+    command = ["-m", "pactl", "index", str(vectors), "--out", str(out), *options, "--quiet"]
+    done = harness.run_fresh(command, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"pactl index {' '.join(options)} failed ({done.returncode})")
     meta = json.loads((out / "meta.json").read_text())
     disk = sum(p.stat().st_size for p in out.iterdir() if p.is_file() and p.name != "meta.json")
     return {
         "meta": meta,
-        "build_s": time.perf_counter() - started,
-        "build_gib": usage.ru_maxrss / 2**20,
+        "build_s": done.seconds,
+        "build_gib": done.peak_bytes / 2**30,
         "index_bytes": (out / "index.faiss").stat().st_size,
         "disk_bytes": disk,
     }
@@ -454,7 +446,7 @@ def scale(args: argparse.Namespace) -> int:
         rows.append(hamming | query(work / "binary", work, rescore=0))
         rows.append(flat_codes(work / "binary", base, queries))
         rows.append(bundle_row("float default", 4 * args.dim, vectors, work / "float", []))
-        print(f"`python -m bench.bench_binary {' '.join(sys.argv[1:])}`: {args.n:,} x {args.dim}")
+        print(f"`python -m bench binary {' '.join(sys.argv[1:])}`: {args.n:,} x {args.dim}")
         print("\n".join(table(rows)))
         print("\n".join(built(r) for r in rows if "meta" in r))
     finally:
@@ -615,7 +607,7 @@ def real_sets(args: argparse.Namespace) -> int:
     ]
     for name in args.sets.split(","):
         lines += real_set(name, args, work)
-    print(f"`python -m bench.bench_binary {' '.join(sys.argv[1:])}`: test classes of each set\n")
+    print(f"`python -m bench binary {' '.join(sys.argv[1:])}`: test classes of each set\n")
     print("\n".join(lines))
     return 0
 
@@ -650,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-binary-") as tmp:
         work = Path(tmp)
         rows = synthetic(args, work)
-        command = " ".join(["python -m bench.bench_binary", *sys.argv[1:]])
+        command = " ".join(["python -m bench binary", *sys.argv[1:]])
         data = f"{args.n:,} x {args.dim} clustered unit vectors (seed {args.seed})"
         print(f"`{command}`: {data}, {args.queries:,} fresh queries, against exact float search\n")
         print("\n".join(table(rows)))

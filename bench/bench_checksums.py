@@ -8,8 +8,8 @@ median wall time and the ratio against its peer from the same run. The page cach
 (the files were just written), as it is when a bundle is written and when serve starts after it.
 
 Run from the repository root:
-  python -m bench.bench_checksums                  # 200,000 x 256 (200 MB of vectors)
-  python -m bench.bench_checksums --n 50000 --repeat 3
+  python -m bench checksums                  # 200,000 x 256 (200 MB of vectors)
+  python -m bench checksums --n 50000 --repeat 3
 Results go to stdout (a markdown table), progress to stderr.
 """
 
@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,22 +26,20 @@ from unittest import mock
 
 import numpy as np
 
+from bench import harness
+
 
 def timed(run: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
+    """Median seconds of `repeat` runs after one warm-up (harness.timed)."""
+    return harness.timed(run, repeats=repeat, warmup=1)[0].median
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=200_000)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import faiss
 

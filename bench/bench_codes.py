@@ -1,9 +1,9 @@
 """Learned binary codes (`pactl train --bits N`) against the float network's codes after a
 learned rotation, at the same bits, on the real sets' held-out classes (issue 38).
 
-    python bench/bench_codes.py              # fonts28 and fashion, seeds 0-2, 64 bits
-    python bench/bench_codes.py --sets fonts28 --seeds 0 --designs learned
-    python bench/bench_codes.py --quick      # digits, 2 epochs: a smoke test
+    python -m bench codes              # fonts28 and fashion, seeds 0-2, 64 bits
+    python -m bench codes --sets fonts28 --seeds 0 --designs learned
+    python -m bench codes --quick      # digits, 2 epochs: a smoke test
 
 The sets are bench/real_sets.py's under --root (fonts28: glyphs drawn at 28 px; fashion:
 Fashion-MNIST). Per set and seed, pactl's CLI trains (runs under --work through PACTL_RUNS; a
@@ -46,7 +46,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
 
 TARGET_POINTS = 5.0  # learned codes over rotated ones, Recall@1 on the glyph set
 ITQ_ITERATIONS = 50

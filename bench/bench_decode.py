@@ -6,8 +6,8 @@ scale (each side still >= the resize size), which is several times cheaper. This
 price: per image, the mean and largest absolute difference of the network's input tensor (in
 [0, 1] pixel units) and the cosine between the two embeddings.
 
-    python bench/bench_decode.py --weights /tmp/pactl-real/lite0.pth     # the CPU default net
-    python bench/bench_decode.py --image-size 224 --weights ...
+    python -m bench decode --weights /tmp/pactl-real/lite0.pth     # the CPU default net
+    python -m bench decode --image-size 224 --weights ...
 
 Images: scikit-image's sample photos (`pip install scikit-image`) and, when installed, the
 wallpapers of Debian's gnome-backgrounds (`apt-get install gnome-backgrounds`), each saved as a
@@ -24,13 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from pactl.checkpoint import open_network  # noqa: E402
-from pactl.config import ModelConfig  # noqa: E402
-from pactl.console import QUIET  # noqa: E402
-from pactl.embed import embed_files  # noqa: E402
-from pactl.loaders import loader_for  # noqa: E402
+from pactl.checkpoint import open_network
+from pactl.config import ModelConfig
+from pactl.console import QUIET
+from pactl.embed import embed_files
+from pactl.loaders import loader_for
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "motorcycle_left")
 WALLPAPERS = Path("/usr/share/backgrounds/gnome")
@@ -64,12 +62,12 @@ def inputs(files: list[Path], config: ModelConfig, draft: bool) -> torch.Tensor:
     return next(iter(loader)).images
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backbone", default="timm:efficientnet_lite0")
     parser.add_argument("--weights", default="none")
     parser.add_argument("--image-size", type=int, default=128)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         files = jpegs(Path(tmp))
         if not files:

@@ -1,14 +1,14 @@
 """`pactl dedup` at scale: 1,000,000 x 512 unit vectors with planted near-duplicate groups.
 
-Reports wall time and peak memory (resource.getrusage, of a fresh process that runs only the
+Reports wall time and peak memory (VmHWM, bench.harness, of a fresh process that runs only the
 dedup), and pair recall and precision against brute force on a sample of the items: for each
 sampled item, every item whose exact cosine to it is at or above the threshold (recall: the
 share of those dedup put in its group; precision: the share of its group members that are such
 pairs; chains of connected components may join pairs below the threshold, strict groups
 may not). Target: under 10 minutes and under 4 GiB on 2 cores.
 
-    python bench/bench_dedup.py                       # 1,000,000 x 512
-    python bench/bench_dedup.py --n 200000 --strict   # smaller, strict groups
+    python -m bench dedup                       # 1,000,000 x 512
+    python -m bench dedup --n 200000 --strict   # smaller, strict groups
 
 The vectors: independent random unit vectors (two of them meet at cosine ~N(0, 1/512)), and
 `--groups` of them each copied 1 to 3 times with noise, so that a copy meets its original at
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -28,38 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-CHUNK = 65_536
-
-
-def make_vectors(path: Path, n: int, dim: int, groups: int, seed: int) -> int:
-    """n unit vectors at `path` (.npy), the last copies of the first `groups` shuffled in;
-    returns how many are planted copies."""
-    rng = np.random.default_rng(seed)
-    copies = rng.integers(1, 4, size=groups)
-    planted = int(copies.sum())
-    originals = n - planted
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(n, dim))
-    for start in range(0, originals, CHUNK):
-        stop = min(start + CHUNK, originals)
-        x = rng.standard_normal((stop - start, dim), dtype=np.float32)
-        out[start:stop] = x / np.linalg.norm(x, axis=1, keepdims=True)
-    of = np.repeat(rng.choice(originals, size=groups, replace=False), copies)
-    # cos(copy, original) = 1 / sqrt(1 + s^2): 0.98 to 0.90
-    noise = rng.uniform(0.2, 0.48, size=(planted, 1)).astype(np.float32)
-    x = out[of] + noise * _unit(rng.standard_normal((planted, dim), dtype=np.float32))
-    out[originals:] = _unit(x)
-    out.flush()
-    family = np.full(n, -1, dtype=np.int64)  # the original each vector is a copy of (or is)
-    family[of] = of
-    family[originals:] = of
-    np.save(path.with_name("family.npy"), family)
-    return planted
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+from bench import harness
+from bench.data import CHUNK, planted_copies
 
 
 def run_dedup(args: argparse.Namespace) -> None:
@@ -81,7 +52,7 @@ def run_dedup(args: argparse.Namespace) -> None:
     np.save(args.work / "rows.npy", groups.rows)
     np.save(args.work / "group.npy", groups.group)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    peak, cpu = usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+    peak, cpu = harness.own_peak_bytes(), usage.ru_utime + usage.ru_stime
     print(json.dumps({"seconds": seconds, "index_seconds": built, "peak": peak, "cpu": cpu,
                       "groups": groups.count, "members": len(groups.rows),
                       "pairs": groups.pairs}))  # fmt: skip
@@ -122,7 +93,7 @@ def check_sample(args: argparse.Namespace, n: int) -> tuple[float, float, float,
     return recall, precision, kept, true_pairs
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--dim", type=int, default=512)
@@ -136,17 +107,19 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/pactl-bench-dedup"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--planted", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         run_dedup(args)
         return
     args.work.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    args.planted = make_vectors(args.work / "vectors.npy", args.n, args.dim, args.groups, args.seed)
+    vectors = args.work / "vectors.npy"
+    args.planted = planted_copies(vectors, args.n, args.dim, args.groups, args.seed)
     print(f"wrote {args.n:,} x {args.dim} vectors ({args.planted:,} planted copies) in "
           f"{time.perf_counter() - began:.0f} s", file=sys.stderr)  # fmt: skip
-    child = [sys.executable, __file__, "--child", *sys.argv[1:]]
-    done = subprocess.run(child, stdout=subprocess.PIPE, text=True, check=True)
+    child = [sys.executable, "-m", "bench.bench_dedup", "--child", *(argv or sys.argv[1:])]
+    env = {**os.environ, "PYTHONPATH": str(harness.REPO)}  # bench/ importable from any cwd
+    done = subprocess.run(child, stdout=subprocess.PIPE, text=True, check=True, env=env)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     recall, precision, kept, true_pairs = check_sample(args, args.n)
     mode = "strict" if args.strict else "connected components"

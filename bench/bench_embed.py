@@ -18,9 +18,9 @@ decode paths differ (pactl decodes JPEGs in draft mode at the resize size), so t
 compared by cosine, raw and centred on the baseline's mean vector: random weights map every
 picture near one direction, and the centred figure is the one that tells files apart.
 
-    python bench/bench_embed.py                    # 1,000 images, 2 workers, one round
-    python bench/bench_embed.py --images 200 --rounds 3 --extra bf16 --extra nchw --breakdown
-    python bench/bench_embed.py --quick            # 48 images, resnet18
+    python -m bench embed                    # 1,000 images, 2 workers, one round
+    python -m bench embed --images 200 --rounds 3 --extra bf16 --extra nchw --breakdown
+    python -m bench embed --quick            # 48 images, resnet18
 
 --extra adds pactl variants (repeatable): bf16 (the CLI with --amp bf16); eager
 (pactl.embed.embed_files, fp32, channels_last, prepare=False: the network as it is, not traced
@@ -52,7 +52,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
 
 TARGET = 1.5  # baseline / pactl at least
 WIDTH, HEIGHT, QUALITY, CLASSES = 1024, 768, 90, 5
@@ -261,7 +260,7 @@ def side_command(side: str, folder: Path, checkpoint: Path, out: Path, args: Any
         command += ["--checkpoint", str(checkpoint), "--out", str(out)]
         command += ["--workers", str(args.workers), "--device", "cpu", "--quiet"]
         return command + (["--amp", "bf16"] if side == "pactl-bf16" else [])
-    command = [sys.executable, str(Path(__file__).resolve()), "--side", side]
+    command = [sys.executable, "-m", "bench.bench_embed", "--side", side]
     command += ["--folder", str(folder), "--checkpoint", str(checkpoint), "--out", str(out)]
     return command + ["--workers", str(args.workers), "--backbone", args.backbone]
 

@@ -12,8 +12,8 @@ interpreter, libraries, data and work) is its own. Recall values must match exac
 time is the target; CPU time (all threads) is printed too, as it moves less when other work
 shares the machine. The last lines are a markdown table for docs/benchmarks.md.
 
-    python bench/bench_eval.py            # SOP size: 60,502 x 512, 11,316 classes
-    python bench/bench_eval.py --quick    # small smoke run
+    python -m bench eval            # SOP size: 60,502 x 512, 11,316 classes
+    python -m bench eval --quick    # small smoke run
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench import harness
 
 OFFICIAL_CHUNK = 10_000  # queries per similarity block in the official code
 
@@ -124,7 +125,7 @@ def worker(side: str, data: Path, ks: list[int], threads: int) -> None:
     labels = np.load(data / "labels.npy")
     result = run_baseline(x, labels, ks) if side == "baseline" else run_pactl(x, labels, ks)
     # Linux reports KiB; the peak includes the interpreter, the libraries and the data.
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["peak_rss_bytes"] = harness.own_peak_bytes()  # VmHWM of this fresh process
     print(json.dumps(result))
 
 
@@ -133,9 +134,8 @@ def spawn(side: str, data: Path, ks: list[int], threads: int) -> Run:
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
-    root = Path(__file__).resolve().parent.parent
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    command = [sys.executable, __file__, "--worker", side, "--data", str(data)]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(harness.REPO), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "bench.bench_eval", "--worker", side, "--data", str(data)]
     command += ["--ks", ",".join(map(str, ks)), "--threads", str(threads)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -145,7 +145,7 @@ def spawn(side: str, data: Path, ks: list[int], threads: int) -> Run:
     return Run(**raw)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=60_502, help="items (SOP test split: 60,502)")
     parser.add_argument("--classes", type=int, default=11_316, help="classes (SOP: 11,316)")
@@ -157,7 +157,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="6,000 x 128, 1,100 classes")
     parser.add_argument("--worker", choices=["baseline", "pactl"], help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
     if args.worker:
         worker(args.worker, args.data, ks, args.threads)

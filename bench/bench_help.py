@@ -1,7 +1,7 @@
 """`pactl --help` start-up time (target under 0.3 s) and `import pactl.serve.client` (the
 `--server` client, standard library only), beside a bare interpreter start.
 
-    python bench/bench_help.py [--runs 20] [--before DIR]
+    python -m bench help [--runs 20] [--before DIR]
 
 Each figure is the median wall time of whole processes; the commands take turns, one run of
 each in every round, so a machine that gets busier slows them alike. The bare `python -c pass`
@@ -13,15 +13,17 @@ rounds, for a before/after ratio.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-TARGET_S = 0.3
+from bench import harness
+
 ROOT = Path(__file__).resolve().parents[1]
+
+TARGET_S = 0.3
 COMMANDS = {
     "`python -c pass`": ["-c", "pass"],
     "`pactl --help`": ["-m", "pactl", "--help"],
@@ -29,28 +31,25 @@ COMMANDS = {
 }
 
 
-def timed(args: list[str], tree: Path) -> float:
+def run(args: list[str], tree: Path) -> None:
+    """`python ARGS` with `tree` first on the import path."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    start = time.perf_counter()
     subprocess.run([sys.executable, *args], capture_output=True, check=True, cwd=tree, env=env)
-    return time.perf_counter() - start
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--before", type=Path, help="another checkout to time beside this one")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     trees = {"now": ROOT, **({"before": args.before.resolve()} if args.before else {})}
-    times: dict[tuple[str, str], list[float]] = {}
-    for tree in trees.values():  # warm the file cache
-        for command in COMMANDS.values():
-            timed(command, tree)
-    for _ in range(args.runs):
-        for side, tree in trees.items():
-            for name, command in COMMANDS.items():
-                times.setdefault((side, name), []).append(timed(command, tree))
-    median = {key: statistics.median(values) for key, values in times.items()}
+    steps = {
+        (side, name): functools.partial(run, command, tree)
+        for side, tree in trees.items()
+        for name, command in COMMANDS.items()
+    }  # one warm-up round fills the file cache
+    timings = harness.interleaved(steps, rounds=args.runs, warmup=1)
+    median = {key: timing.median for key, timing in timings.items()}
     print("| command | " + " | ".join(f"{side} (median s)" for side in trees) + " |")
     print("| --- |" + " ---: |" * len(trees))
     for name in COMMANDS:

@@ -4,25 +4,13 @@ Target: on 1,000,000 x 512 vectors the default index (choose_factory) reaches Re
 against exact search, at least 10x faster per query than exact search (IndexFlatIP); build time
 and memory reported.
 
-Data. Real embeddings are clustered: images of one class sit close together, classes of one kind
-(birds, shoes) nearer each other than the rest. Uniform random 512-d vectors have no neighbours
-worth the name (every pair is at cosine ~0) and are the worst case for any index; well separated
-classes are the easy case (each query's neighbours sit in one IVF list). This uses a two-level
-mixture in between, all seeded:
-  - n / 1000 "kinds", centres uniform on the sphere;
-  - n / 50 classes (mean 50 items, like CUB's 60 per class), ~20 per kind, each centre =
-    unit(kind centre + 0.5 g / sqrt(d)), g standard normal: classes of a kind at cosine ~0.8;
-  - class sizes drawn from lognormal weights (sigma 1): a few big classes, a long tail of small;
-  - item = unit(class centre + s g / sqrt(d)) with s uniform in [0.8, 1.5] per class, i.e. cosine
-    ~0.55-0.8 to its class centre;
-  - queries are fresh items drawn the same way (not in the index), as new photos would be.
-Neighbourhoods cross class borders as in trained embeddings: the report gives the share of each
-query's true top-10 inside its own class (about 55-60%).
+Data: bench.data.Mixture, seeded clustered unit vectors (bench/data.py says how they are drawn).
+The report gives the share of each query's true top-10 inside its own class (about 55-60%).
 
 Run from the repository root:
-  python -m bench.bench_index                      # 1,000,000 x 512, 1,000 queries
-  python -m bench.bench_index --quick              # 100,000 x 128, 200 queries
-  python -m bench.bench_index --n 300000 --dim 256
+  python -m bench index                      # 1,000,000 x 512, 1,000 queries
+  python -m bench index --quick              # 100,000 x 128, 200 queries
+  python -m bench index --n 300000 --dim 256
 Results go to stdout, progress to stderr.
 """
 
@@ -30,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
-import resource
 import statistics
 import sys
 import tempfile
@@ -43,13 +29,14 @@ from typing import Any
 import faiss
 import numpy as np
 
+from bench import harness
+from bench.data import CHUNK, Mixture
 from pactl.config import IndexConfig
 from pactl.console import Reporter
 from pactl.index import build_index, load_bundle, save_bundle
 from pactl.index.search import search
 
 K = 10
-CHUNK = 65_536
 
 
 def data_parser(description: str) -> argparse.ArgumentParser:
@@ -78,43 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parsed(p, argv)
 
 
-def unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-class Mixture:
-    """The two-level clustered distribution described in the module docstring."""
-
-    def __init__(self, n: int, dim: int, rng: np.random.Generator) -> None:
-        kinds = max(1, n // 1000)
-        classes = max(1, n // 50)
-        kind_centres = unit(rng.standard_normal((kinds, dim), dtype=np.float32))
-        parent = rng.integers(0, kinds, classes)
-        jitter = 0.5 * rng.standard_normal((classes, dim), dtype=np.float32) / math.sqrt(dim)
-        self.centres = unit(kind_centres[parent] + jitter).astype(np.float32)
-        weights = rng.lognormal(0.0, 1.0, classes)
-        self.p = weights / weights.sum()
-        self.spread = rng.uniform(0.8, 1.5, classes).astype(np.float32)
-        self.dim = dim
-
-    def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """(n, dim) float32 unit vectors and their class ids, made a chunk at a time."""
-        out = np.empty((n, self.dim), dtype=np.float32)
-        labels = rng.choice(len(self.centres), size=n, p=self.p).astype(np.int32)
-        for start in range(0, n, CHUNK):
-            c = labels[start : start + CHUNK]
-            noise = rng.standard_normal((len(c), self.dim), dtype=np.float32)
-            scale = self.spread[c, None] / np.float32(math.sqrt(self.dim))
-            out[start : start + len(c)] = unit(self.centres[c] + noise * scale)
-        return out, labels
-
-
 def rss_gib(field: str = "VmRSS") -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """A /proc/self/status memory field in GiB (VmRSS now, VmHWM the peak since reset_peak)."""
+    return (harness.status_bytes(field) or 0) / 2**30
 
 
 def reset_peak() -> bool:
@@ -127,14 +80,9 @@ def reset_peak() -> bool:
 
 def fastest(repeats: int, run: Callable[[], Any], warm_up: bool = True) -> tuple[float, Any]:
     """Best wall time of `repeats` runs (after an untimed one, which pages a memory-mapped index
-    in) and the last result."""
-    result = run() if warm_up else None
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - start)
-    return min(times), result
+    in) and the last result (harness.timed)."""
+    timing, result = harness.timed(run, repeats=repeats, warmup=1 if warm_up else 0)
+    return timing.fastest, result
 
 
 def recall_at_10(found: np.ndarray, truth: np.ndarray) -> float:
@@ -207,7 +155,7 @@ def report(args: argparse.Namespace, record: dict[str, Any], got: dict[str, Any]
     speedup = got["exact_s"] / got["approx_s"]
     met = bool(got["recall"] >= 0.95 and speedup >= 10)
     lines = [
-        f"command         python -m bench.bench_index {' '.join(sys.argv[1:])}".rstrip(),
+        f"command         python -m bench index {' '.join(sys.argv[1:])}".rstrip(),
         f"data            {args.n:,} x {args.dim} clustered unit vectors (seed {args.seed}), "
         f"{nq:,} fresh queries; {got['in_class']:.1%} of true top-10 in the query's class",
         f"threads         {faiss.omp_get_max_threads()}",

@@ -19,8 +19,8 @@ by. Each variant runs --repeat times; the table shows the median time (wall cloc
 process's CPU time, steadier on a shared machine) and the largest memory.
 
 Run from the repository root:
-  python -m bench.bench_items                 # 1,000,000 items
-  python -m bench.bench_items --n 100000 --repeat 3
+  python -m bench items                 # 1,000,000 items
+  python -m bench items --n 100000 --repeat 3
 Results go to stdout (a markdown table), progress to stderr.
 """
 
@@ -141,7 +141,7 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--classes", type=int, default=1000)
@@ -153,7 +153,7 @@ def main() -> None:
         help="an items.py of another pactl version: its items.csv reader is measured too",
     )
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "pactl-items")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     lean, old = build(args.workdir, args.n, args.classes, args.dim)
     sizes = {name: (lean / name).stat().st_size for name in ("items.csv", "items.bin")}

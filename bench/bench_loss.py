@@ -8,9 +8,9 @@ backward) and at least 1.5x faster than pytorch-metric-learning's ProxyAnchorLos
 values (1e-5 relative). The three are timed interleaved, in a shuffled order each round, so a
 busy machine slows them alike; the figures are medians.
 
-    python bench/bench_loss.py                 # batch 180, 11,318 classes, 512 dims
-    python bench/bench_loss.py --quick         # small smoke run
-    python bench/bench_loss.py --device cuda
+    python -m bench loss                 # batch 180, 11,318 classes, 512 dims
+    python -m bench loss --quick         # small smoke run
+    python -m bench loss --device cuda
 
 Results (the markdown table) go to stdout, progress to stderr. Exit 2 when
 pytorch-metric-learning (a bench-only dependency) is missing, 1 when the values disagree.
@@ -20,21 +20,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from pactl.losses import ProxyAnchorLoss, proxy_anchor_loss  # noqa: E402
+from bench import harness
+from pactl.losses import ProxyAnchorLoss, proxy_anchor_loss
 
 SOP = (180, 11318, 512)  # batch, classes (SOP's training split), embedding dim
 QUICK = (32, 500, 64)
@@ -92,22 +88,11 @@ def make_steps(problem: Problem, pml_loss: nn.Module) -> dict[str, Callable[[], 
 def time_interleaved(
     steps: dict[str, Callable[[], Tensor]], rounds: int, warmup: int, device: torch.device
 ) -> dict[str, list[float]]:
-    """Seconds per step for each name, one call of each per round in a shuffled order."""
-    order = random.Random(0)
-    names = list(steps)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(warmup + rounds):
-        order.shuffle(names)
-        for name in names:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            steps[name]()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            if round_index >= warmup:
-                times[name].append(time.perf_counter() - start)
-    return times
+    """Seconds per step for each name, one call of each per round in a shuffled order
+    (harness.interleaved; on a GPU the clock waits for the queued work)."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
+    timings = harness.interleaved(steps, rounds=rounds, warmup=warmup, sync=sync)
+    return {name: list(timing.wall) for name, timing in timings.items()}
 
 
 def check_values(problem: Problem, pml_loss: nn.Module) -> tuple[float, float]:

@@ -1,7 +1,7 @@
 """The label-noise study's tables: each loss's Recall@1 and MAP@R at each noise setting over its
 seeds, the share of its clean score it keeps, and what --drop-noisy recovers.
 
-    python bench/bench_noise.py runs/noise-fonts28 [runs/robust-fonts28 ...]
+    python -m bench noise runs/noise-fonts28 [runs/robust-fonts28 ...]
 
 Reads the run folders of `pactl sweep` (points/<point>-s<seed>/: config.json for the loss, the
 noise and --drop-noisy; metrics.csv's last row for the test metrics: the study trains with
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if not points:
         print("no finished points", file=sys.stderr)
         return 1
-    out = [f"command: python bench/bench_noise.py {' '.join(map(str, args.sweeps))}", ""]
+    out = [f"command: python -m bench noise {' '.join(map(str, args.sweeps))}", ""]
     out += study_table(points) + [""] + claim_table(points) + [""] + recovery_table(points)
     print("\n".join(out))
     return 0

@@ -19,9 +19,9 @@ is each bundle's (searched with pactl.index.search, tuned nprobe) against exact 
 search.
 
 Run from the repository root:
-  python bench/bench_ondisk.py                 # 8 shards x 125,000 x 128, IVF1024,Flat
-  python bench/bench_ondisk.py --quick         # 4 shards x 10,000 x 32, IVF64,Flat: seconds
-  python bench/bench_ondisk.py --shards 16 --per-shard 250000 --workdir /big/disk
+  python -m bench ondisk                 # 8 shards x 125,000 x 128, IVF1024,Flat
+  python -m bench ondisk --quick         # 4 shards x 10,000 x 32, IVF64,Flat: seconds
+  python -m bench ondisk --shards 16 --per-shard 250000 --workdir /big/disk
 Results (a markdown table) go to stdout, progress to stderr.
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -41,8 +41,10 @@ from typing import Any
 import faiss
 import numpy as np
 
+from bench import harness
+from bench.data import CHUNK, around, unit
+
 K = 10
-CHUNK = 65_536
 FINGERPRINT = "bench-ondisk"
 FIGURES = ("seconds", "peak_rss", "rss_grown", "peak_anon", "anon_grown")  # table columns
 
@@ -70,12 +72,8 @@ def log(message: str) -> None:
 
 
 def status_bytes(field: str) -> int:
-    """A field of /proc/self/status (VmHWM, VmRSS, RssAnon), in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    """A /proc/self/status field in bytes (harness.status_bytes)."""
+    return harness.status_bytes(field) or 0
 
 
 class PeakSampler:
@@ -101,18 +99,6 @@ class PeakSampler:
 # ---------------------------------------------------------------------------- data
 
 
-def unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def draw(centres: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """(n, d) float32 unit vectors around random centres."""
-    dim = centres.shape[1]
-    picks = centres[rng.integers(0, len(centres), n)]
-    noise = rng.standard_normal((n, dim), dtype=np.float32) / np.float32(math.sqrt(dim))
-    return unit(picks + noise).astype(np.float32)
-
-
 def write_shards(args: argparse.Namespace, folder: Path) -> np.ndarray:
     """The shard folders under folder/shards/; returns the fresh queries."""
     rng = np.random.default_rng(args.seed)
@@ -126,7 +112,7 @@ def write_shards(args: argparse.Namespace, folder: Path) -> np.ndarray:
         )
         for start in range(0, args.per_shard, CHUNK):
             stop = min(start + CHUNK, args.per_shard)
-            vectors[start:stop] = draw(centres, stop - start, rng)
+            vectors[start:stop] = around(centres, stop - start, rng)
         vectors.flush()
         del vectors
         first = i * args.per_shard
@@ -143,7 +129,7 @@ def write_shards(args: argparse.Namespace, folder: Path) -> np.ndarray:
             "model_config": {},
         }
         (shard / "meta.json").write_text(json.dumps(meta))
-    return draw(centres, args.queries, rng)
+    return around(centres, args.queries, rng)
 
 
 def exact_top(folder: Path, queries: np.ndarray) -> np.ndarray:
@@ -204,9 +190,10 @@ def child(args: argparse.Namespace) -> None:
 
 def run_side(args: argparse.Namespace, work: Path, choice: str) -> dict[str, Any]:
     log(f"--- building with --on-disk {choice} in a fresh process")
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", choice]
+    command = [sys.executable, "-m", "bench.bench_ondisk", "--child", choice]
     command += ["--workdir", str(work), "--factory", args.factory]
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": str(harness.REPO)}  # bench/ importable from any cwd
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True, env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -236,7 +223,7 @@ def report(args: argparse.Namespace, sides: dict[str, dict[str, Any]]) -> None:
     for side in sides.values():
         side["rss_grown"] = side["peak_rss"] - side["start_rss"]
         side["anon_grown"] = side["peak_anon"] - side["start_anon"]
-    print(f"command: python bench/bench_ondisk.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"command: python -m bench ondisk {' '.join(sys.argv[1:])}".rstrip())
     print(
         f"data: {args.shards} shards x {args.per_shard:,} x {args.dim} float32 clustered unit "
         f"vectors = {total / gib:.3f} GiB ({total:,} bytes); {args.queries:,} fresh queries; "

@@ -1,7 +1,7 @@
 """onnxruntime against pactl's CPU fast path, on the same images, one run.
 
-    python bench/bench_onnx.py                          # 256 JPEGs, EfficientNet-Lite0 at 128
-    python bench/bench_onnx.py --weights /tmp/pactl-real/lite0.pth --images 512
+    python -m bench onnx                          # 256 JPEGs, EfficientNet-Lite0 at 128
+    python -m bench onnx --weights /tmp/pactl-real/lite0.pth --images 512
 
 The network is the CPU default (timm:efficientnet_lite0 at 128 px, 512-d head), written as a
 pactl checkpoint (random weights unless --weights names a state_dict, e.g. the one
@@ -29,10 +29,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
-
-from bench.bench_embed import ensure_images, log, subset_folder  # noqa: E402
+from bench.bench_embed import ensure_images, log, subset_folder
 
 
 def make_checkpoint(work: Path, args: argparse.Namespace) -> Path:
@@ -132,7 +129,7 @@ def run(args: argparse.Namespace, work: Path) -> list[str]:
     photo_cos = least_cosine(pactl_side(photos), onnx_side(photos)) if photos is not None else None
     weights = "random weights" if args.weights == "none" else Path(args.weights).name
     return [
-        f"`python bench/bench_onnx.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        f"`python -m bench onnx {' '.join(sys.argv[1:])}`".replace(" `", "`"),
         "",
         f"{args.backbone} at {args.image_size} px ({weights}), {n} JPEGs 1024x768 decoded once, "
         f"batches of {args.batch}, {args.threads} threads; export {export_s:.1f} s "

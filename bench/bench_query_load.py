@@ -22,9 +22,9 @@ not ten times it.
 The output is parsed back: every query must have exactly k rows, Q * k rows in all.
 
 Run from the repository root:
-  python -m bench.bench_query_load                 # 1,000,000 x 64; 10,000 vs 1,000 queries
-  python -m bench.bench_query_load --quick         # 50,000 x 64; 1,000 vs 100 queries
-  python -m bench.bench_query_load --n 200000 --queries 5000 --workdir /scratch/bench
+  python -m bench query_load                 # 1,000,000 x 64; 10,000 vs 1,000 queries
+  python -m bench query_load --quick         # 50,000 x 64; 1,000 vs 100 queries
+  python -m bench query_load --n 200000 --queries 5000 --workdir /scratch/bench
 Results go to stdout (a markdown table), progress to stderr.
 """
 
@@ -527,7 +527,7 @@ def report(
     """Markdown on stdout; True when every run printed every row and memory stayed bounded."""
     index_mib = int(meta["index_bytes"]) / 2**20
     shown = " ".join(str(c) for c in results[-1]["cmd"][:2])
-    print(f"command: `python -m bench.bench_query_load {' '.join(sys.argv[1:])}`".rstrip())
+    print(f"command: `python -m bench query_load {' '.join(sys.argv[1:])}`".rstrip())
     print()
     print(
         f"bundle: {args.n:,} x {args.dim} ({meta['factory']}, {meta['search_params']}), "

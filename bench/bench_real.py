@@ -6,9 +6,9 @@ for timm (bench/lite0_weights.py), all under --root:
     python bench/real_sets.py fonts /tmp/pactl-real/fonts
     python bench/real_sets.py fashion /tmp/pactl-real/fashion
     python bench/lite0_weights.py /tmp/pactl-real/lite0.pth
-    python bench/bench_real.py                         # both sets, steps a-f, 8 epochs
-    python bench/bench_real.py --quick                 # ~160 images, 2 epochs: a smoke test
-    python bench/bench_real.py --sets fonts --only a,b,c --epochs 12
+    python -m bench real                         # both sets, steps a-f, 8 epochs
+    python -m bench real --quick                 # ~160 images, 2 epochs: a smoke test
+    python -m bench real --sets fonts --only a,b,c --epochs 12
 
 Each set is scored on its test classes (disjoint from the train classes) at one image size:
 
@@ -53,7 +53,6 @@ import numpy as np
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
 
 BACKBONE = "timm:efficientnet_lite0"
 STEPS = "abcdef"
@@ -156,6 +155,7 @@ def run(argv: Sequence[str], env: Env) -> tuple[int, str, float]:
     """Run a command with the scratch PACTL_RUNS/PACTL_HOME: (exit code, stderr, seconds)."""
     log(f"$ {shown(argv, env)}")
     environ = {**os.environ, "PACTL_RUNS": str(env.runs), "PACTL_HOME": str(env.work / "home")}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), environ.get("PYTHONPATH")]))
     start = time.perf_counter()
     done = subprocess.run(argv, env=environ, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -239,7 +239,7 @@ def step_train(
     name = f"{set_name}-{step}"
     args = train_args(set_dir, env, weights, name)
     if pml:
-        argv = [sys.executable, str(Path(__file__).resolve()), "--pml-train", "--", *args]
+        argv = [sys.executable, "-m", "bench.bench_real", "--pml-train", "--", *args]
     else:
         argv = [*pactl_argv(), *args]
     last = Result(set_name, step, f"{labels[step]}, epoch {env.epochs}")
@@ -295,7 +295,7 @@ def step_default(set_name: str, set_dir: Path, env: Env) -> list[Result]:
 def step_raw(set_name: str, set_dir: Path, env: Env) -> Result:
     result = Result(set_name, "a", f"raw pixels at {env.size} px, L2-normalised")
     result.commands.append(
-        f"python bench/bench_real.py --sets {set_name} --only a --image-size {env.size}"
+        f"python -m bench real --sets {set_name} --only a --image-size {env.size}"
     )
     start = time.perf_counter()
     scores = raw_pixel_scores(set_dir, env.size)

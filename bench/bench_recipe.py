@@ -1,8 +1,8 @@
 """What the CPU recipe for a user's own data costs: a training step and an evaluation forward
 pass per image, by backbone and image size, on this machine's CPU.
 
-    python bench/bench_recipe.py                                  # lite0 and resnet18/50
-    python bench/bench_recipe.py --backbones timm:efficientnet_lite0 --sizes 96,128,160
+    python -m bench recipe                                  # lite0 and resnet18/50
+    python -m bench recipe --backbones timm:efficientnet_lite0 --sizes 96,128,160
 
 Random weights (the cost does not depend on them), batch 64, channels_last, float32, the
 Proxy-Anchor loss over 100 classes, AdamW; the fastest of --rounds steps after one warm-up.
@@ -14,15 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from pactl.config import ModelConfig  # noqa: E402
-from pactl.losses import build_loss  # noqa: E402
-from pactl.model import build_model  # noqa: E402
+from pactl.config import ModelConfig
+from pactl.losses import build_loss
+from pactl.model import build_model
 
 
 def per_image_ms(backbone: str, size: int, batch: int, rounds: int) -> tuple[float, float]:
@@ -54,13 +51,13 @@ def per_image_ms(backbone: str, size: int, batch: int, rounds: int) -> tuple[flo
     return min(steps[1:]) / batch * 1e3, min(forwards[1:]) / batch * 1e3
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backbones", default="timm:efficientnet_lite0,resnet18,resnet50")
     parser.add_argument("--sizes", default="64,96,128,224")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch}")
     print("\n| backbone | image size | train step ms/image | eval forward ms/image |")
     print("| --- | ---: | ---: | ---: |")

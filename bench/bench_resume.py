@@ -13,9 +13,9 @@ the work folder. Each variant is `python -m pactl embed DIR --backbone B --weigh
 each round; the figures are the median wall seconds and their ratio against one piece
 (`--commit-every` larger than N). The vectors of every variant are checked equal to one piece's.
 
-    python bench/bench_resume.py                  # 12,288 images, commits every 4,096 and 1,024
-    python bench/bench_resume.py --quick          # 2,048 images, commits every 512: a minute
-    python bench/bench_resume.py --images 20000 --every 4096 --every 512 --rounds 3
+    python -m bench resume                  # 12,288 images, commits every 4,096 and 1,024
+    python -m bench resume --quick          # 2,048 images, commits every 512: a minute
+    python -m bench resume --images 20000 --every 4096 --every 512 --rounds 3
 
 Results (a markdown table) go to stdout, progress to stderr.
 """

@@ -24,8 +24,8 @@ Measured:
             throughput = queries / wall time.
 
 Run from the repository root:
-  python -m bench.bench_serve                 # 100,000 items, 2,000 queries, 8 clients
-  python -m bench.bench_serve --quick         # 20,000 items, 400 queries
+  python -m bench serve                 # 100,000 items, 2,000 queries, 8 clients
+  python -m bench serve --quick         # 20,000 items, 400 queries
 """
 
 from __future__ import annotations

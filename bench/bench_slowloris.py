@@ -18,8 +18,8 @@ Measured, on one `pactl serve BUNDLE` process (this checkout's code: `python -m 
 The ratio is with / without, for p50 and p99.
 
 Run from the repository root:
-  python -m bench.bench_slowloris                 # 20,000 items, 500 slow sockets, 400 queries
-  python -m bench.bench_slowloris --quick         # 5,000 items, 500 slow sockets, 100 queries
+  python -m bench slowloris                 # 20,000 items, 500 slow sockets, 400 queries
+  python -m bench slowloris --quick         # 5,000 items, 500 slow sockets, 100 queries
 """
 
 from __future__ import annotations

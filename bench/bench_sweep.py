@@ -22,13 +22,13 @@ point's training.
 decoding over the train and test splits, one pass of the train loader (decoding, augmentation,
 batching) and of the test loader, and the training steps over the train loader's batches.
 
-    python bench/bench_sweep.py /tmp/pactl-real/fonts                 # 2 points x 2 epochs
-    python bench/bench_sweep.py /tmp/pactl-real/fonts --epochs 3 --values 16,32,64
-    python bench/bench_sweep.py /tmp/pactl-real/fonts --decoding
-    python bench/bench_sweep.py /tmp/pactl-real/fonts --values 4,8,16,32,64 \
+    python -m bench sweep /tmp/pactl-real/fonts                 # 2 points x 2 epochs
+    python -m bench sweep /tmp/pactl-real/fonts --epochs 3 --values 16,32,64
+    python -m bench sweep /tmp/pactl-real/fonts --decoding
+    python -m bench sweep /tmp/pactl-real/fonts --values 4,8,16,32,64 \
         --set backbone=timm:efficientnet_lite0 --set weights=/tmp/pactl-real/lite0.pth \
         --set image_size=64                           # the loss study's network
-    python bench/bench_sweep.py /tmp/pactl-real/fonts --values 16,32 --epochs 6 \
+    python -m bench sweep /tmp/pactl-real/fonts --values 16,32 --epochs 6 \
         --set backbone=timm:efficientnet_lite0 --set weights=/tmp/pactl-real/lite0.pth \
         --set image_size=128 --set workers=2          # the CPU recipe's own setting
 
@@ -60,7 +60,7 @@ FIXED = (
 )  # fmt: skip
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", type=Path, help="the glyph set folder (bench/real_sets.py)")
     parser.add_argument("--epochs", type=int, default=2)
@@ -70,7 +70,7 @@ def main() -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a setting in place of the recipe's (as pactl sweep --set), repeatable",
     )  # fmt: skip
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     given = dict(sweep.parse_setting(text, many=False) for text in args.set)
     config = SweepConfig(
         source=str(args.data),

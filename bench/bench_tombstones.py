@@ -6,8 +6,8 @@ scan with `SearchParameters(sel=IDSelectorNot(IDSelectorBatch(deleted)))`. Both 
 same bundle, per index kind and share of deleted items; the ids must agree (exact kinds) and the
 ratio is over-fetch time / selector time (below 1: over-fetch is faster).
 
-    python bench/bench_tombstones.py                       # 100,000 x 128, 2,000 queries
-    python bench/bench_tombstones.py --n 20000 --queries 500
+    python -m bench tombstones                       # 100,000 x 128, 2,000 queries
+    python -m bench tombstones --n 20000 --queries 500
 
 Synthetic clustered unit vectors; nothing is downloaded. Table to stdout.
 """
@@ -15,28 +15,23 @@ Synthetic clustered unit vectors; nothing is downloaded. Table to stdout.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from pactl.config import IndexConfig  # noqa: E402
-from pactl.console import QUIET  # noqa: E402
-from pactl.index import build_index, delete_items, load_bundle, save_bundle  # noqa: E402
-from pactl.index.search import search  # noqa: E402
+from bench import harness
+from bench.data import around
+from pactl.config import IndexConfig
+from pactl.console import QUIET
+from pactl.index import build_index, delete_items, load_bundle, save_bundle
+from pactl.index.search import search
 
 KINDS = {"Flat": "", "IVF256,Flat": "nprobe=16", "HNSW32,Flat": "efSearch=64"}
 SHARES = (0.01, 0.1, 0.5)
-
-
-def unit_rows(rng: np.random.Generator, n: int, dim: int, centres: np.ndarray) -> np.ndarray:
-    x = centres[rng.integers(0, len(centres), n)] + rng.standard_normal((n, dim)) * 0.1
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
 def with_selector(bundle: object, queries: np.ndarray, k: int, params: str) -> np.ndarray:
@@ -53,27 +48,24 @@ def with_selector(bundle: object, queries: np.ndarray, k: int, params: str) -> n
     return index.search(queries, k, params=sp)[1]
 
 
-def timed(run: object, repeat: int = 3) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = run()  # type: ignore[operator]
-        best = min(best, time.perf_counter() - start)
-    return best, out
+def timed(run: Callable[[], Any], repeat: int = 3) -> tuple[float, Any]:
+    """Fastest seconds of `repeat` runs, and the last result (harness.timed)."""
+    timing, out = harness.timed(run, repeats=repeat, warmup=0)
+    return timing.fastest, out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=100_000)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--queries", type=int, default=2_000)
     parser.add_argument("--k", type=int, default=10)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     faiss.omp_set_num_threads(1)  # one core each: a fair ratio on a shared machine
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((256, args.dim))
-    base = unit_rows(rng, args.n, args.dim, centres)
-    queries = unit_rows(rng, args.queries, args.dim, centres)
+    base = around(centres, args.n, rng, scale=0.1)
+    queries = around(centres, args.queries, rng, scale=0.1)
     print("kind          deleted  over-fetch s  selector s  ratio  same ids")
     with tempfile.TemporaryDirectory() as tmp:
         for factory, params in KINDS.items():

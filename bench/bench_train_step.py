@@ -20,9 +20,9 @@ the same batch and use the same threads; BatchNorm is frozen (eval mode, paramet
 the steady state after the warm-up epoch of the Cars recipe. The sides are timed interleaved,
 in a shuffled order each round, so a busy machine slows them alike; the figures are medians.
 
-    python bench/bench_train_step.py               # resnet18 at 112 px, batch 32, 98 classes
-    python bench/bench_train_step.py --quick       # small backbone, small sizes
-    python bench/bench_train_step.py --backbone resnet50 --image-size 224 --rounds 8
+    python -m bench train_step               # resnet18 at 112 px, batch 32, 98 classes
+    python -m bench train_step --quick       # small backbone, small sizes
+    python -m bench train_step --backbone resnet50 --image-size 224 --rounds 8
 
 Results (the markdown table) go to stdout, progress to stderr. Exit 1 when the first-step
 losses of the two sides differ by more than 1e-4 (relative).
@@ -34,24 +34,20 @@ import argparse
 import copy
 import dataclasses
 import math
-import random
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
-
-from pactl.config import ModelConfig, TrainConfig  # noqa: E402
+from bench import harness
+from pactl.config import ModelConfig, TrainConfig
 from pactl.loaders import Batch
-from pactl.model import EmbeddingNet, freeze_batchnorm  # noqa: E402
-from pactl.training.distributed import World  # noqa: E402
+from pactl.model import EmbeddingNet, freeze_batchnorm
+from pactl.training.distributed import World
 from pactl.training.trainer import Trainer, build_trainer, set_warmup, train_step
 
 MAX_REL_DIFF = 1e-4
@@ -233,27 +229,25 @@ Times = dict[str, list[float]]
 def time_interleaved(
     steps: dict[str, Callable[[], float]], rounds: int, warmup: int, quiet: bool = False
 ) -> tuple[Times, Times]:
-    """Wall and CPU seconds per step for each name, one call of each per round, shuffled.
+    """Wall and CPU seconds per step for each name, one call of each per round, shuffled
+    (harness.interleaved).
 
     CPU seconds are the process's, all threads together: steadier than wall time when other
     jobs share the machine, though threads waiting for each other count too.
     """
-    order = random.Random(0)
-    names = list(steps)
-    times: Times = {name: [] for name in names}
-    cpu_times: Times = {name: [] for name in names}
-    for round_index in range(warmup + rounds):
-        order.shuffle(names)
-        for name in names:
-            start, cpu = time.perf_counter(), time.process_time()
-            steps[name]()
-            if round_index >= warmup:
-                times[name].append(time.perf_counter() - start)
-                cpu_times[name].append(time.process_time() - cpu)
-        if round_index >= warmup and not quiet:
-            done = round_index - warmup + 1
-            log(f"  round {done}/{rounds}: " + ", ".join(f"{n} {times[n][-1]:.3f}s" for n in steps))
-    return times, cpu_times
+
+    def progress(done: int, so_far: dict[str, harness.Timing]) -> None:
+        if not quiet:
+            log(
+                f"  round {done}/{rounds}: "
+                + ", ".join(f"{n} {so_far[n].wall[-1]:.3f}s" for n in steps)
+            )
+
+    timings = harness.interleaved(steps, rounds=rounds, warmup=warmup, on_round=progress)
+    return (
+        {name: list(t.wall) for name, t in timings.items()},
+        {name: list(t.cpu) for name, t in timings.items()},
+    )
 
 
 def check_losses(t: Trainer, o: Official, batch: Batch) -> tuple[list[float], list[float]]:

@@ -1,7 +1,7 @@
 """`pactl dedup` on real photos: Debian's wallpapers, copied, mixed into other images.
 
-    python bench/bench_wallpapers.py                    # ~300 images, a few minutes on 2 cores
-    python bench/bench_wallpapers.py --copies 5 --calib-groups 10 --seed 1
+    python -m bench wallpapers                    # ~300 images, a few minutes on 2 cores
+    python -m bench wallpapers --copies 5 --calib-groups 10 --seed 1
 
 The originals: the wallpapers of the Debian packages in PACKAGES (installed with apt-get when
 /usr/share/wallpapers is missing, which needs root; the script says so), the largest file of each
@@ -49,11 +49,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image, ImageEnhance
 
+ROOT = Path(__file__).resolve().parents[1]
+
 if TYPE_CHECKING:
     from pactl.calibrate import Calibration
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
 
 PACKAGES = ("gnome-backgrounds", "plasma-workspace-wallpapers")
 PLASMA = Path("/usr/share/wallpapers")
@@ -342,7 +341,7 @@ class Run:
     total_seconds: float
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--copies", type=int, default=7, help="copies of each copied original")
     parser.add_argument("--calib-groups", type=int, default=12)
@@ -351,7 +350,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("/tmp/pactl-bench-wallpapers"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     began = time.perf_counter()
     ensure_wallpapers()
     if args.work.exists():
