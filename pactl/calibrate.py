@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from pactl.config import check_options, setting
 from pactl.errors import PactlError, UsageError
+from pactl.rules import MAX_SEED, integer, number
 
 FORMAT = "pactl.calibration"
 VERSION = 1
@@ -28,10 +30,18 @@ CURVE_STEP = 0.0025  # the stored precision-recall curve has a point every this 
 
 @dataclass(frozen=True)
 class CalibrationConfig:
-    precision: float = DEFAULT_PRECISION  # share of "same" pairs above the threshold to reach
-    exact_pairs: int = 2_000_000  # measure all pairs of a set with at most this many
-    sample_pairs: int = 2_000_000  # else this many positive and this many negative pairs
-    seed: int = 0  # draws the sampled pairs
+    precision: float = setting(
+        DEFAULT_PRECISION, number(0, 1, above=True),
+        "Share of \"same\" pairs above the threshold to reach.",
+    )  # fmt: skip
+    exact_pairs: int = setting(
+        2_000_000, integer(0), "Measure all pairs of a set with at most this many.", cli=False
+    )
+    sample_pairs: int = setting(
+        2_000_000, integer(1),
+        "Else this many positive and this many negative pairs.", cli=False,
+    )  # fmt: skip
+    seed: int = setting(0, integer(0, MAX_SEED), "Draws the sampled pairs.", cli=False)
 
 
 @dataclass(frozen=True)
@@ -82,8 +92,7 @@ def calibrate(
     vectors: np.ndarray, labels: np.ndarray, config: CalibrationConfig, split: str = "test"
 ) -> Calibration:
     """The threshold and recall at `config.precision` on the pairs of a labelled set."""
-    if not 0.0 < config.precision <= 1.0:
-        raise PactlError(f"--precision must be in (0, 1], got {config.precision}")
+    check_options(config)
     labels = np.asarray(labels)
     if len(vectors) != len(labels):
         raise ValueError(f"{len(vectors)} vectors for {len(labels)} labels")

@@ -23,6 +23,7 @@ from pactl.rules import (
     INTERPOLATIONS,
     MAX_BATCH_SIZE,
     MAX_BITS,
+    MAX_COMMIT_EVERY,
     MAX_DIMENSION,
     MAX_EMBEDDING_DIM,
     MAX_EPOCHS,
@@ -59,6 +60,14 @@ POOLING_NAMES = ("avg+max", "avg", "max", "token")
 SAMPLER_NAMES = ("shuffle", "m_per_class")
 AMP_NAMES = ("none", "bf16", "fp16")
 CODE_PROXIES_NAMES = ("learned", "hadamard")  # pactl.codes.learned.CODE_PROXIES
+ON_DISK_NAMES = ("auto", "yes", "no")  # pactl.index.ondisk.ON_DISK_CHOICES
+FAISS_DEVICE_NAMES = ("auto", "cpu", "gpu")  # pactl.index.gpus.FAISS_DEVICES
+ROTATION_NAMES = ("auto", "none", "itq", "lsh")  # pactl.codes.rotation.ROTATION_CHOICES
+# pactl.verbs.audit.AuditConfig's: what ranks the suspected labels, what the classes' witness
+# holds an item against (here, where `pactl --help` reads them without numpy)
+AUDIT_SCORE_NAMES = ("blend", "classes", "neighbours")
+AUDIT_CENTRES_NAMES = ("means", "proxies")
+REQUIRED: Any = dataclasses.MISSING  # setting(REQUIRED, ...): a field every record is given
 
 
 def setting(
@@ -72,7 +81,7 @@ def setting(
 ) -> Any:
     """A config field declared once: `help` is its option's help (or its meaning where `cli` is
     False: no option sets it), `option` its option's name where that is not --field-name, and
-    `resume` whether `pactl train --resume` may change it."""
+    `resume` whether `pactl train --resume` may change it. A `default` of REQUIRED: none."""
     info = {"rule": rule, "help": help, "option": option, "cli": cli, "resume": resume}
     return field(default=default, metadata=info)
 
@@ -258,14 +267,17 @@ class IndexConfig:
         0.95, number(0, 1), "Recall@10 against exact search the tuned index must reach."
     )
     memory_budget_gb: float = setting(
-        8.0, number(0, 1e6, above=True), "The default index must fit in this much memory."
+        8.0,
+        number(0, 1e6, above=True),
+        "The default index must fit in this much memory.",
+        cli=False,
     )
     on_disk: str = setting(
-        "auto", choice("auto", "yes", "no"),
+        "auto", choice(*ON_DISK_NAMES),
         "Shards' IVF lists merged on disk (auto: over budget).",
     )  # fmt: skip
     faiss_device: str = setting(
-        "auto", choice("auto", "cpu", "gpu"),
+        "auto", choice(*FAISS_DEVICE_NAMES),
         "Where FAISS trains, adds and searches exactly.",
     )  # fmt: skip
     binary: bool | None = setting(
@@ -278,7 +290,7 @@ class IndexConfig:
         "Bits per code, a multiple of 8 (0: the vectors' dimension, or the network's bits).",
     )  # fmt: skip
     rotation: str = setting(
-        "auto", choice("auto", "none", "itq", "lsh"),
+        "auto", choice(*ROTATION_NAMES),
         "The map before the signs; auto: measured (pactl.codes.rotation.ROTATION_CHOICES).",
     )  # fmt: skip
     rescore: int | None = setting(
@@ -293,13 +305,18 @@ class EmbedConfig:
     """How images become vectors: the settings `pactl embed`, `pactl index IMAGES`, --add and
     the Python API share, given once and handed down whole."""
 
-    device: str = "auto"  # auto | cpu | mps | cuda | cuda:N
-    batch_size: int = 128  # images per forward pass
-    workers: int = 0  # DataLoader worker processes
-    amp: str = "none"  # none | bf16 | fp16 autocast
-    commit_every: int = COMMIT_EVERY  # images between progress commits
-    gpu_decode: bool = False  # decode JPEGs on a CUDA device (nvJPEG)
-    follow_links: bool = False  # follow links that lead out of the source folder
+    device: str = setting(
+        "auto", device(), "Where the network runs: auto | cpu | mps | cuda | cuda:N."
+    )
+    batch_size: int = setting(128, integer(1, MAX_BATCH_SIZE), "Images per forward pass.")
+    workers: int = setting(0, integer(0, MAX_WORKERS), "DataLoader worker processes.")
+    amp: str = setting("none", choice(*AMP_NAMES), "Mixed precision autocast.")
+    commit_every: int = setting(
+        COMMIT_EVERY, integer(1, MAX_COMMIT_EVERY),
+        "Images between progress commits: a stopped embed goes on from the last one.",
+    )  # fmt: skip  # a kill loses at most these
+    gpu_decode: bool = setting(False, flag(), "Decode JPEGs on a CUDA device (nvJPEG).")
+    follow_links: bool = setting(False, flag(), "Follow links that lead out of the source folder.")
 
 
 # ONNX export: torch's default opset for its exporters (torch.onnx's ONNX_DEFAULT_OPSET, 2.5 to
@@ -309,29 +326,66 @@ ONNX_OPSET, ONNX_MIN_OPSET, ONNX_MAX_OPSET = 20, 17, 21
 
 @dataclass(frozen=True)
 class OnnxConfig:
-    opset: int = ONNX_OPSET  # ONNX operator set the graph is written in
-    check_images: int = 3  # random images run by torch and onnxruntime before the file is kept
-    tolerance: float = 1e-4  # their vectors' least cosine must be 1 - tolerance or more
+    opset: int = setting(
+        ONNX_OPSET, integer(ONNX_MIN_OPSET, ONNX_MAX_OPSET),
+        "ONNX operator set the graph is written in.",
+    )  # fmt: skip
+    check_images: int = setting(
+        3, integer(0),
+        "Random images run by torch and onnxruntime before the file is kept.", cli=False,
+    )  # fmt: skip
+    tolerance: float = setting(
+        1e-4, number(0, 2),
+        "Their vectors' least cosine must be 1 - tolerance or more.", cli=False,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class ParquetConfig:
-    rows_per_shard: int = 1_000_000  # vectors per .npy shard (2 GB of 512-d float32)
+    rows_per_shard: int = setting(
+        1_000_000, integer(1), "Vectors per .npy shard (2 GB of 512-d float32)."
+    )
 
 
 @dataclass(frozen=True)
 class QdrantConfig:
-    collection: str = "pactl"  # the collection's name
-    batch_size: int = 256  # points per upsert (and per lookup of the ids already there)
+    collection: str = setting("pactl", text(), "The Qdrant collection's name.")
+    batch_size: int = setting(
+        256,
+        integer(1, MAX_BATCH_SIZE),
+        "Points per upsert (and per lookup of the ids already there).",
+    )
 
 
 C = TypeVar("C", ModelConfig, TrainConfig, IndexConfig)
+R = TypeVar("R")
 SETTINGS = (ModelConfig, TrainConfig)  # what `pactl train` and a sweep point set
 
 
 def rules(cls: type) -> dict[str, Rule]:
     """Each field's rule, by name."""
     return {f.name: f.metadata["rule"] for f in dataclasses.fields(cls)}
+
+
+def declaration(cls: type, name: str) -> dict[str, Any]:
+    """The declaration (setting's metadata) of the field `name` of the record `cls`."""
+    return dict(cls.__dataclass_fields__[name].metadata)  # type: ignore[attr-defined]
+
+
+def option_of(cls: type, name: str) -> str:
+    """The option that sets the field `name` of `cls` (--field-name unless declared)."""
+    return declaration(cls, name)["option"] or "--" + name.replace("_", "-")
+
+
+def choices_of(cls: type, name: str) -> tuple[str, ...]:
+    """The declared choices of a field of `cls` (a choice rule's names)."""
+    return rules(cls)[name].names
+
+
+def check_options(config: R, error: type[PactlError] = PactlError) -> R:
+    """`config` when every field keeps its rule (and the fields go together), else `error`
+    naming the first bad field by its option."""
+    return check(config, lambda name: option_of(type(config), name), error)
 
 
 MODEL_RULES = rules(ModelConfig)
@@ -407,7 +461,7 @@ def from_dict(cls: type[C], data: dict[str, Any]) -> C:
     return cls(**values)
 
 
-def problems(config: ModelConfig | TrainConfig | IndexConfig) -> list[tuple[str, str]]:
+def problems(config: Any) -> list[tuple[str, str]]:
     """(field, what is wrong) for each field of `config` that breaks its rule, then for settings
     that do not go together."""
     found = []
@@ -439,7 +493,7 @@ def problems(config: ModelConfig | TrainConfig | IndexConfig) -> list[tuple[str,
     return found
 
 
-def check(config: C, name: Callable[[str], str], error: type[PactlError] = PactlError) -> C:
+def check(config: R, name: Callable[[str], str], error: type[PactlError] = PactlError) -> R:
     """`config` when every field keeps its rule, else `error` naming the first bad field as
     `name(field)` (an option, or a file and key)."""
     found = problems(config)

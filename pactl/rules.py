@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 MIN_IMAGE_SIZE = 8  # the smallest crop side; a backbone may need more (pactl.model checks it)
@@ -50,7 +51,10 @@ def _is_number(value: Any) -> bool:
     return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
-def integer(low: int, high: int) -> Rule:
+def integer(low: int, high: int | None = None) -> Rule:
+    """An integer in [low, high], or of at least `low` where no `high` is given."""
+    if high is None:
+        return Rule(f"an integer of at least {low:,}", lambda v: _is_int(v) and low <= v)
     return Rule(f"an integer from {low:,} to {high:,}", lambda v: _is_int(v) and low <= v <= high)
 
 
@@ -69,6 +73,10 @@ def number(low: float, high: float, above: bool = False, below: bool = False) ->
     )
 
 
+def cosine() -> Rule:
+    return Rule("a cosine from -1 to 1", number(-1, 1).ok)
+
+
 def choice(*names: str) -> Rule:
     return Rule(
         f"one of {', '.join(names)}", lambda v: isinstance(v, str) and v in names, names=names
@@ -84,6 +92,21 @@ def code_bits(high: int) -> Rule:
     return Rule(
         f"0 (float vectors) or a multiple of 8 from 8 to {high:,}",
         lambda v: _is_int(v) and (v == 0 or (8 <= v <= high and v % 8 == 0)),
+    )
+
+
+def path() -> Rule:
+    return Rule("a path", lambda v: isinstance(v, PurePath))
+
+
+def paths() -> Rule:
+    return Rule("a tuple of paths", lambda v: isinstance(v, tuple) and all(map(path().ok, v)))
+
+
+def texts() -> Rule:
+    """A tuple of non-empty strings (names, each checked by its own rule where it has one)."""
+    return Rule(
+        "a tuple of non-empty strings", lambda v: isinstance(v, tuple) and all(map(text().ok, v))
     )
 
 

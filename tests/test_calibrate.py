@@ -149,7 +149,7 @@ def test_calibration_limits_and_the_values_it_records() -> None:
         "val"
     )
     for bad in (0.0, 1.5):
-        with pytest.raises(PactlError, match="--precision must be in"):
+        with pytest.raises(PactlError, match="--precision must be a number above 0 and at most 1"):
             calibrate(_at_angles([0, 10]), np.array([0, 0]), CalibrationConfig(precision=bad))
     none = calibrate(_at_angles([0, 1, 50, 60]), np.array([0, 1, 0, 1]), CalibrationConfig(1.0))
     assert none.measured == 0.0 and none.point_for(1.0) is None and none.threshold_for(1.0) is None

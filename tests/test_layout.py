@@ -9,9 +9,13 @@ import ast
 import dataclasses
 import inspect
 import json
+import math
 import subprocess
 import sys
+import typing
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +200,120 @@ def test_train_and_a_sweep_point_settle_the_same_settings_alike(
     assert shown["train"] == json.loads(json.dumps(dataclasses.asdict(train)))
     if "image_size" in settings and "resize_size" not in settings:  # digits' ratio is 24/24
         assert model.resize_size == settings["image_size"]
+
+
+# Fields an option sets in other units, or as text the verb parses: the option exists, its
+# range and default are the verb's to convert.
+CONVERTED = {"max_upload_bytes", "params", "fixed", "seeds"}
+# (verb, field): why the option's range is not the rule's
+RANGE_NOT_THE_RULE = {
+    ("index", "bits"): "0 (the dimension) is the option left out; the vectors bound the most",
+    ("eval", "precision"): "0 passes the range and is refused by the rule, in its own words",
+}
+
+
+def record_options() -> list[tuple[str, type]]:
+    """Each config record (but train's, tested above) with the verb whose options set it."""
+    from pactl.calibrate import CalibrationConfig
+    from pactl.config import EmbedConfig, IndexConfig, OnnxConfig, ParquetConfig, QdrantConfig
+    from pactl.index.grouping import DedupConfig
+    from pactl.research.plot import PlotConfig
+    from pactl.research.sweep import SweepConfig
+    from pactl.serve.config import ServeConfig
+    from pactl.verbs.audit import AuditConfig
+
+    return [
+        ("embed", EmbedConfig), ("index", IndexConfig), ("export", OnnxConfig),
+        ("export", ParquetConfig), ("export", QdrantConfig), ("audit", AuditConfig),
+        ("serve", ServeConfig), ("sweep", SweepConfig), ("plot", PlotConfig),
+        ("eval", CalibrationConfig), ("dedup", DedupConfig),
+    ]  # fmt: skip
+
+
+def range_disagreements(low: float | None, high: float | None, whole: bool, rule: Any) -> list[str]:
+    """The ends of an option's range that the field's rule does not draw alike: each end
+    accepted by both, the next value past it refused by both (an open end: the rule takes a
+    very large value too)."""
+    wrong = []
+    for end, outward in ((low, -1), (high, 1)):
+        if end is None:
+            if not rule.ok(outward * (10**15 if whole else 1e15)):
+                wrong.append(f"unbounded {'above' if outward > 0 else 'below'}")
+            continue
+        past = end + outward if whole else math.nextafter(end, outward * math.inf)
+        if not rule.ok(end) or rule.ok(past):
+            wrong.append(f"end {end}")
+    return wrong
+
+
+def option_kind(param: Any) -> tuple[tuple[str, ...], bool]:
+    """An option's choices (its Enum's values) and whether it takes integers."""
+    annotation = param.type_descriptor.annotation
+    kinds = typing.get_args(annotation) or (annotation,)
+    enums = [k for k in kinds if isinstance(k, type) and issubclass(k, Enum)]
+    return tuple(m.value for m in enums[0]) if enums else (), int in kinds
+
+
+def test_every_record_and_its_verbs_options_agree() -> None:
+    """Each field an option sets (declared without cli=False) has that option, and the option
+    offers the declared choices, starts at the declared default and keeps the rule's range:
+    an option and its field that drift apart (a choice added to one, a limit moved) fail
+    here."""
+    import typer.main
+
+    from pactl.cli import app
+    from pactl.config import declaration, option_of, rules
+
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    problems = []
+    for verb, cls in record_options():
+        for name, rule in rules(cls).items():
+            if not declaration(cls, name)["cli"]:
+                continue
+            option = option_of(cls, name)
+            found = [p for p in commands[verb].params if option in p.opts or p.name == name]
+            if not found:
+                problems.append(f"{cls.__name__}.{name}: {verb} has no {option}")
+                continue
+            param, where = found[0], f"{cls.__name__}.{name} ({verb} {option})"
+            offered, whole = option_kind(param)
+            if offered != rule.names:
+                problems.append(f"{where}: offers {offered}, declared {rule.names}")
+            if name in CONVERTED:
+                continue
+            default = getattr(param.default, "value", param.default)
+            default = not default if option.startswith("--no-") else default
+            field = cls.__dataclass_fields__[name]
+            given = default is not None and field.default is not dataclasses.MISSING
+            if given and default != field.default:
+                problems.append(f"{where}: default {default!r}, declared {field.default!r}")
+            if (verb, name) not in RANGE_NOT_THE_RULE and (param.min, param.max) != (None, None):
+                problems += [
+                    f"{where}: {w}" for w in range_disagreements(param.min, param.max, whole, rule)
+                ]
+    assert problems == []
+
+
+def test_the_record_agreement_test_sees_a_drift() -> None:
+    """The checks above fail where an option and its rule part: a limit moved by one, an open
+    end the rule closes, an end the rule leaves out."""
+    from pactl.rules import integer, number
+
+    assert range_disagreements(1, 10, True, integer(1, 10)) == []
+    assert range_disagreements(1, 10, True, integer(1, 11)) == ["end 10"]
+    assert range_disagreements(0, None, True, integer(1)) == ["end 0"]
+    assert range_disagreements(1, None, True, integer(1, 10**6)) == ["unbounded above"]
+    assert range_disagreements(0.0, 1.0, False, number(0, 1, above=True)) == ["end 0.0"]
+    assert range_disagreements(0.0, 1.0, False, number(0, 1)) == []
+
+
+def test_the_index_registries_are_the_declared_choices() -> None:
+    """IndexConfig's choices are those its builders implement (and the CLI offers, above)."""
+    from pactl.codes.rotation import ROTATION_CHOICES
+    from pactl.config import INDEX_RULES
+    from pactl.index.gpus import FAISS_DEVICES
+    from pactl.index.ondisk import ON_DISK_CHOICES
+
+    assert INDEX_RULES["on_disk"].names == ON_DISK_CHOICES
+    assert INDEX_RULES["faiss_device"].names == FAISS_DEVICES
+    assert INDEX_RULES["rotation"].names == ROTATION_CHOICES

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pactl.cli.options import Device, Format, Quiet, check_output, reporter, to_stdout
+from pactl.cli.options import Device, Format, Quiet, check_output, choices, reporter, to_stdout
+from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_SCORE_NAMES
 from pactl.console import counted, out
 from pactl.errors import UsageError
 
@@ -19,16 +20,11 @@ if TYPE_CHECKING:
     from pactl.console import Reporter
     from pactl.verbs.audit import AuditResult
 
-
-class Score(str, Enum):  # pactl.verbs.audit.SCORES
-    blend = "blend"
-    classes = "classes"
-    neighbours = "neighbours"
-
-
-class Centres(str, Enum):  # pactl.verbs.audit.CENTRES
-    means = "means"
-    proxies = "proxies"
+    Score = Enum
+    Centres = Enum
+else:  # AuditConfig's declared choices (pactl.verbs.audit), named without importing numpy
+    Score = choices("Score", AUDIT_SCORE_NAMES)
+    Centres = choices("Centres", AUDIT_CENTRES_NAMES)
 
 
 def audit(
@@ -56,7 +52,7 @@ def audit(
             "default), classes (own class against the others), neighbours (the k nearest "
             "items' labels)."
         ),
-    ] = Score.blend,
+    ] = Score("blend"),
     centres: Annotated[
         Centres,
         typer.Option(
@@ -64,7 +60,7 @@ def audit(
             "its own; the default: it ranks planted flips better) or proxies (the run's own, "
             "for the classes it trained on)."
         ),
-    ] = Centres.means,
+    ] = Centres("means"),
     neighbours: Annotated[int, typer.Option(min=1, max=1000, help="Nearest items asked.")] = 10,
     top: Annotated[int, typer.Option(min=0, help="Rows of each list (0: every row, ranked).")] = 20,
     copy_threshold: Annotated[

@@ -25,7 +25,7 @@ from pactl.cli.options import (
     reporter,
     to_stdout,
 )
-from pactl.config import TRAIN_RULES, EmbedConfig
+from pactl.config import EmbedConfig, rules
 from pactl.console import counted, literal, out
 from pactl.rules import COMMIT_EVERY, MAX_BATCH_SIZE, MAX_COMMIT_EVERY
 
@@ -98,7 +98,7 @@ def embed(
     from pactl.verbs.embed import embed_source
 
     check_source(source)
-    check_option("--device", device, TRAIN_RULES["device"])
+    check_option("--device", device, rules(EmbedConfig)["device"])
     check_output(out_dir, "--out", folder=True)
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     config = EmbedConfig(

@@ -133,7 +133,9 @@ def export(
         )
     else:
         folder = _folder_source(source, to)
-        config_q = QdrantConfig(collection or "pactl", batch_size or QdrantConfig.batch_size)
+        config_q = QdrantConfig(
+            collection or QdrantConfig.collection, batch_size or QdrantConfig.batch_size
+        )
         done = export_qdrant(folder, out_to, config_q, log)
         line = (
             f"exported {counted(done['written'], 'item')} to Qdrant collection "

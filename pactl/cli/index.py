@@ -131,14 +131,14 @@ def index(
             "read from disk at query time (for sets larger than memory). auto: when the shards' "
             "vectors exceed the memory budget and the factory is IVF.",
         ),
-    ] = OnDisk.auto,
+    ] = OnDisk("auto"),
     faiss_device: Annotated[
         FaissDevice,
         typer.Option(
             help="Where FAISS trains IVF lists, assigns vectors to them and searches exactly: "
             "auto takes the GPUs when FAISS has them (the gpu extra), else the CPU.",
         ),
-    ] = FaissDevice.auto,
+    ] = FaissDevice("auto"),
     binary: Annotated[bool | None, typer.Option("--binary/--no-binary", help=BINARY_HELP)] = None,
     bits: Annotated[
         int | None,
@@ -269,7 +269,7 @@ def index_config(
             check_factory_parses(factory)
         except PactlError as e:
             raise UsageError(f"--factory: {e}") from None
-    if faiss_device is FaissDevice.gpu:
+    if faiss_device.value == "gpu":
         from pactl.index.gpus import faiss_gpus
 
         faiss_gpus(config.faiss_device)

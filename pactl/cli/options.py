@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from pactl.config import MODEL_RULES, TRAIN_RULES, ModelConfig, option_name
+from pactl.config import INDEX_RULES, MODEL_RULES, TRAIN_RULES, ModelConfig, option_name
 from pactl.console import Reporter, err, literal, quoted
 from pactl.errors import PactlError, UsageError
 from pactl.rules import MAX_K, MAX_WORKERS, Rule
@@ -86,6 +86,8 @@ if TYPE_CHECKING:  # the members are the declarations', read when the CLI is bui
     Loss = Enum
     Pooling = Enum
     Sampler = Enum
+    OnDisk = Enum
+    FaissDevice = Enum
 else:
     Amp = choices("Amp", TRAIN_RULES["amp"].names)
     Augment = choices("Augment", TRAIN_RULES["augment"].names)
@@ -93,24 +95,14 @@ else:
     Loss = choices("Loss", TRAIN_RULES["loss"].names)
     Pooling = choices("Pooling", MODEL_RULES["pooling"].names)
     Sampler = choices("Sampler", TRAIN_RULES["sampler"].names)
+    OnDisk = choices("OnDisk", INDEX_RULES["on_disk"].names)
+    FaissDevice = choices("FaissDevice", INDEX_RULES["faiss_device"].names)
 
 
 class Format(str, Enum):
     table = "table"
     csv = "csv"
     jsonl = "jsonl"
-
-
-class OnDisk(str, Enum):
-    auto = "auto"
-    yes = "yes"
-    no = "no"
-
-
-class FaissDevice(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    gpu = "gpu"
 
 
 SearchDevice = Annotated[

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pactl.cli.options import Device, Quiet, Workers, check_option, check_output, reporter
-from pactl.config import TRAIN_RULES
+from pactl.config import rules
 from pactl.console import err, literal
 
 
@@ -42,7 +42,7 @@ def plot(
     """
     from pactl.research.plot import PlotConfig, plot_run
 
-    check_option("--device", device, TRAIN_RULES["device"])
+    check_option("--device", device, rules(PlotConfig)["device"])
     folder = out or run / "plots"
     check_output(folder, "--out", folder=True)
     config = PlotConfig(

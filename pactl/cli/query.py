@@ -98,7 +98,7 @@ def query(
         bool, typer.Option("--overwrite", help="Replace the --grid file if it exists.")
     ] = False,
     device: Device = "auto",
-    faiss_device: SearchDevice = FaissDevice.auto,
+    faiss_device: SearchDevice = FaissDevice("auto"),
     follow_links: FollowLinks = False,
     server: Annotated[
         str | None,
@@ -163,7 +163,7 @@ def query(
         local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
         given = [name for name, value in local.items() if value is not None]
         given += ["--device"] if device != "auto" else []
-        given += ["--faiss-device"] if faiss_device is not FaissDevice.auto else []
+        given += ["--faiss-device"] if faiss_device.value != "auto" else []
         given += ["--threshold"] if threshold is not None else []
         if given:
             shown = ", ".join(given)

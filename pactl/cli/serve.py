@@ -8,9 +8,7 @@ from typing import Annotated
 import typer
 
 from pactl.cli.options import Device, FaissDevice, Quiet, SearchDevice, check_option, reporter
-from pactl.config import (
-    TRAIN_RULES,
-)
+from pactl.config import rules
 from pactl.errors import PactlError
 from pactl.store.home import runs_dir
 
@@ -68,7 +66,7 @@ def serve(
         typer.Option(min=0, max=1000, help="How long a pass waits for requests to join it."),
     ] = 4.0,
     device: Device = "auto",
-    faiss_device: SearchDevice = FaissDevice.auto,
+    faiss_device: SearchDevice = FaissDevice("auto"),
     quiet: Quiet = False,
 ) -> None:
     """Load the network and the bundle once and answer queries over HTTP: a JSON API
@@ -95,7 +93,7 @@ def serve(
     from pactl.serve.server import serve as run_service
     from pactl.verbs.query import find_bundle
 
-    check_option("--device", device, TRAIN_RULES["device"])
+    check_option("--device", device, rules(ServeConfig)["device"])
     log = reporter(quiet)
     if bundle is None:
         bundle = find_bundle(runs_dir(), "name the bundle folder: pactl serve BUNDLE")

@@ -20,17 +20,25 @@ from typing import Protocol
 
 import numpy as np
 
+from pactl.config import REQUIRED, check_options, setting
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
+from pactl.rules import cosine, flag, integer
 
 KEEP_CHOICES = ("first", "largest", "newest")
 
 
 @dataclass(frozen=True)
 class DedupConfig:
-    threshold: float  # cosine at or above which two images are the same item
-    strict: bool = False  # every member must match its group's first (no chains)
-    batch_size: int = 4096  # query vectors per range search: memory grows with this
+    threshold: float = setting(
+        REQUIRED, cosine(), "Cosine at or above which two images are the same item."
+    )
+    strict: bool = setting(
+        False, flag(), "Every member must match its group's first (no chains of shots)."
+    )
+    batch_size: int = setting(
+        4096, integer(1), "Query vectors per range search: memory grows with this.", cli=False
+    )
 
 
 class Searcher(Protocol):
@@ -63,8 +71,7 @@ class Groups:
 
 def find_groups(searcher: Searcher, config: DedupConfig, reporter: Reporter = QUIET) -> Groups:
     """The groups of two or more items of `searcher` at `config.threshold`."""
-    if not -1.0 <= config.threshold <= 1.0:
-        raise PactlError(f"--threshold must be a cosine from -1 to 1, got {config.threshold}")
+    check_options(config)
     n = searcher.n
     joined = UnionFind(n) if not config.strict else None
     kept: list[tuple[np.ndarray, np.ndarray]] = []

@@ -19,10 +19,9 @@ from typing import Any
 import numpy as np
 
 from pactl.config import (
-    ONNX_MAX_OPSET,
-    ONNX_MIN_OPSET,
     ModelConfig,
     OnnxConfig,
+    check_options,
     read_config,
     to_dict,
 )
@@ -60,10 +59,7 @@ def export_onnx(
     from pactl.store.generations import atomic_path
 
     require("pactl export --format onnx", *EXTRA)
-    if not ONNX_MIN_OPSET <= config.opset <= ONNX_MAX_OPSET:
-        raise PactlError(
-            f"opset {config.opset}: choose one from {ONNX_MIN_OPSET} to {ONNX_MAX_OPSET}"
-        )
+    check_options(config)
     model, model_cfg, payload = load_model(checkpoint)
     side = model_cfg.image_size
     generator = torch.Generator().manual_seed(0)

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pactl.config import check_options, setting
 from pactl.console import Reporter
-from pactl.errors import PactlError
+from pactl.errors import PactlError, UsageError
+from pactl.rules import MAX_WORKERS, device, integer, number
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -25,14 +27,19 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PlotConfig:
-    points: int = 2000  # test images sampled for t-SNE and the retrieval figure
-    thumbnails: int = 40  # images drawn at their t-SNE points
-    queries: int = 8  # rows of the retrieval figure
-    k: int = 4  # hits per query
-    perplexity: float = 30.0  # t-SNE perplexity (lowered for small samples)
-    seed: int = 0  # the sample, the queries and t-SNE
-    device: str = "auto"
-    workers: int = 0
+    points: int = setting(
+        2000, integer(4, 20000), "Test images sampled for t-SNE and the retrieval figure."
+    )
+    thumbnails: int = setting(40, integer(0), "Images drawn at their t-SNE points.")
+    queries: int = setting(8, integer(1), "Rows of the retrieval figure.")
+    k: int = setting(4, integer(1), "Hits per query.", cli=False)
+    perplexity: float = setting(
+        30.0, number(0, 1e6, above=True), "t-SNE perplexity (lowered for small samples).",
+        cli=False,
+    )  # fmt: skip
+    seed: int = setting(0, integer(0), "Seeds the sample, the queries and t-SNE.")
+    device: str = setting("auto", device(), "Where the run's network embeds.")
+    workers: int = setting(0, integer(0, MAX_WORKERS), "DataLoader worker processes.")
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,7 @@ def plot_run(run: Path, out: Path, config: PlotConfig, reporter: Reporter) -> Pl
     from pactl.report import retrieval_grid, save_figure
     from pactl.store.generations import make_folder
 
+    check_options(config, UsageError)
     make_folder(out)
     sample = sample_test(run, config, reporter)
     with reporter.bar(f"t-SNE of {len(sample.vectors)} test embeddings", total=None):

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pactl.config import ModelConfig, TrainConfig, to_dict
+from pactl.config import REQUIRED, ModelConfig, TrainConfig, problems, setting, to_dict
 from pactl.console import QUIET, Reporter
 from pactl.errors import Busy, PactlError, UsageError
 from pactl.recipe import settle
+from pactl.research.seeds import MAX_SEEDS
+from pactl.rules import MAX_SEED, Rule, integer, integers, optional, text
 from pactl.store.generations import atomic_write_text, make_folder, writer_lock
 
 if TYPE_CHECKING:
@@ -45,15 +47,46 @@ ALIASES = {"dim": "embedding_dim", "m": "m_per_class"}  # train's option names
 STUDY = "sweep"
 
 
+def settings_rule(swept: bool) -> Rule:
+    """(setting, values) pairs when `swept`, (setting, value) pairs else: the names are a
+    ModelConfig or TrainConfig field's (each value is checked when its point settles)."""
+    return Rule(
+        "(setting, values) pairs" if swept else "(setting, value) pairs",
+        lambda v: (
+            isinstance(v, tuple)
+            and all(
+                isinstance(p, tuple)
+                and len(p) == 2
+                and isinstance(p[0], str)
+                and (isinstance(p[1], tuple) or not swept)
+                for p in v
+            )
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class SweepConfig:
-    source: str  # dataset name, folder or CSV, as `pactl train` takes it
-    params: tuple[tuple[str, tuple[Any, ...]], ...]  # swept settings and their values
-    fixed: tuple[tuple[str, Any], ...] = ()  # settings every point shares (--set)
-    preset: str | None = None  # as train's --preset; None: the source's own
-    seeds: tuple[int, ...] = (0,)  # every point is trained once per seed
-    trials: int | None = None  # None: every point of the grid; N: a TPE search of N points
-    sampler_seed: int = 0  # seeds the TPE search
+    source: str = setting(
+        REQUIRED, text(), "Dataset name, folder or CSV, as `pactl train` takes it."
+    )
+    params: tuple[tuple[str, tuple[Any, ...]], ...] = setting(
+        REQUIRED, settings_rule(swept=True), "Swept settings and their values.", option="--param"
+    )
+    fixed: tuple[tuple[str, Any], ...] = setting(
+        (), settings_rule(swept=False), "Settings every point shares.", option="--set"
+    )
+    preset: str | None = setting(
+        None, optional(text()), "As train's --preset; None: the source's own."
+    )
+    seeds: tuple[int, ...] = setting(
+        (0,), integers(MAX_SEEDS, 0, MAX_SEED), "Every point is trained once per seed."
+    )
+    trials: int | None = setting(
+        None, optional(integer(1)),
+        "None: every point of the grid; N: a TPE search of N points.",
+    )  # fmt: skip
+    sampler_seed: int = setting(0, integer(0, MAX_SEED), "Seeds the TPE search.", cli=False)
 
 
 def optuna_module() -> Any:
@@ -173,7 +206,7 @@ def read_sweep_json(folder: Path) -> SweepConfig:
         if not isinstance(info.get("version"), int) or info["version"] > VERSION:
             raise ValueError("written by a newer pactl; upgrade")
         raw = info["config"]
-        return SweepConfig(
+        config = SweepConfig(
             source=str(raw["source"]),
             params=tuple((str(k), tuple(v)) for k, v in raw["params"]),
             fixed=tuple((str(k), v) for k, v in raw["fixed"]),
@@ -182,6 +215,9 @@ def read_sweep_json(folder: Path) -> SweepConfig:
             trials=raw.get("trials"),
             sampler_seed=int(raw.get("sampler_seed", 0)),
         )
+        for name, wrong in problems(config)[:1]:
+            raise ValueError(f"config.{name} {wrong}")
+        return config
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise PactlError(f"{path} is not a pactl sweep ({e})") from None
 

@@ -7,7 +7,19 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from pactl.config import FAISS_DEVICE_NAMES, REQUIRED, check_options, setting
 from pactl.errors import UsageError
+from pactl.rules import (
+    choice,
+    device,
+    integer,
+    number,
+    optional,
+    path,
+    paths,
+    text,
+    texts,
+)
 
 UPLOADS = "uploads"  # BUNDLE/uploads: where POST /add keeps the images it adds (default)
 PUBLIC_PATHS = ("/", "/static/app.js", "/static/style.css", "/docs", "/openapi.json")
@@ -16,21 +28,50 @@ HOST_NAME = re.compile(r"(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")  # a DNS 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    bundle: Path  # the bundle folder served (its current generation, followed as it changes)
-    host: str = "127.0.0.1"  # the address to bind; any other than loopback needs a token
-    port: int = 8000
-    token: str | None = None  # every data request must carry `Authorization: Bearer TOKEN`
-    device: str = "auto"
-    faiss_device: str = "auto"  # where searches run: a Flat index on the GPUs FAISS has, or CPU
-    allow_roots: tuple[Path, ...] = ()  # folders whose images POST /query?path=... may read
-    allow_hosts: tuple[str, ...] = ()  # Host header names besides loopback's and --host's
-    upload_dir: Path | None = None  # where POST /add stores images (default BUNDLE/uploads)
-    max_upload_bytes: int = 20 * 1024 * 1024  # one request's body, uploads included
-    max_files: int = 128  # images in one request
-    max_batch: int = 32  # images in one forward pass (requests gathered together)
-    batch_wait_ms: float = 4.0  # how long the first request of a pass waits for others
-    thumbnail_size: int = 256  # longest side of GET /items/{id}/thumbnail
-    client_timeout_s: float = 10.0  # to send the request's headers, and each part of its body
+    bundle: Path = setting(
+        REQUIRED, path(),
+        "The bundle folder served (its current generation, followed as it changes).",
+    )  # fmt: skip
+    host: str = setting(
+        "127.0.0.1", text(), "The address to bind; any other than loopback needs a token."
+    )
+    port: int = setting(8000, integer(0, 65535), "Port (0: any free one).")
+    token: str | None = setting(
+        None, optional(text()), "Every data request must carry `Authorization: Bearer TOKEN`."
+    )
+    device: str = setting("auto", device(), "Where the network runs.")
+    faiss_device: str = setting(
+        "auto", choice(*FAISS_DEVICE_NAMES),
+        "Where searches run: a Flat index on the GPUs FAISS has, or the CPU.",
+    )  # fmt: skip
+    allow_roots: tuple[Path, ...] = setting(
+        (), paths(), "Folders whose images POST /query?path=... may read.", option="--allow-root"
+    )
+    allow_hosts: tuple[str, ...] = setting(
+        (), texts(), "Host header names besides loopback's and --host's.", option="--allow-host"
+    )
+    upload_dir: Path | None = setting(
+        None, optional(path()), "Where POST /add stores images (default BUNDLE/uploads)."
+    )
+    max_upload_bytes: int = setting(
+        20 * 1024 * 1024, integer(1, 4096 * 1024 * 1024),
+        "One request's body, uploads included.", option="--max-upload-mb",
+    )  # fmt: skip  # the option gives MiB
+    max_files: int = setting(128, integer(1), "Images in one request.", cli=False)
+    max_batch: int = setting(
+        32, integer(1, 1024), "Images in one forward pass (requests gathered together)."
+    )
+    batch_wait_ms: float = setting(
+        4.0, number(0, 1000), "How long the first request of a pass waits for others."
+    )
+    thumbnail_size: int = setting(
+        256, integer(1), "Longest side of GET /items/{id}/thumbnail.", cli=False
+    )
+    client_timeout_s: float = setting(
+        10.0, number(0.1, 3600),
+        "Seconds to send the request's headers, and each part of its body.",
+        option="--client-timeout",
+    )  # fmt: skip
 
     @property
     def uploads(self) -> Path:
@@ -48,7 +89,8 @@ def is_loopback(host: str) -> bool:
 
 
 def check_config(config: ServeConfig) -> None:
-    """Refuse what would be unsafe or cannot work, as a usage error naming the option."""
+    """Refuse what would be unsafe or cannot work, as a usage error naming the option: what the
+    rules cannot say (with the words the options have always had), then every declared rule."""
     if not is_loopback(config.host) and not config.token:
         raise UsageError(
             f"--host {config.host} would let other machines in: give --token SECRET (every "
@@ -67,6 +109,7 @@ def check_config(config: ServeConfig) -> None:
             )
     if config.uploads.exists() and not config.uploads.is_dir():
         raise UsageError(f"{config.uploads} is not a folder: give --upload-dir a folder")
+    check_options(config, UsageError)  # the ranges the options' own checks keep on the CLI
 
 
 def is_host_name(name: str) -> bool:

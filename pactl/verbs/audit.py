@@ -19,25 +19,35 @@ import numpy as np
 
 from pactl.audit import doubt
 from pactl.audit.copies import Copy, CopyThreshold
+from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_SCORE_NAMES, check_options, setting
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError, UsageError
+from pactl.rules import choice, device, flag, integer, number, optional, text
 from pactl.verbs.audit_inputs import NO_PROXIES, Labelled
-
-SCORES = ("blend", "classes", "neighbours")  # what ranks the suspected labels
-CENTRES = ("means", "proxies")  # what the classes' witness holds an item against
 
 
 @dataclass(frozen=True)
 class AuditConfig:
-    source: str | None = None  # the labelled images (default: the run's own data)
-    score: str = "blend"  # one of SCORES
-    centres: str = "means"  # one of CENTRES (means rank planted flips better: docs/audit.md)
-    neighbours: int = doubt.NEIGHBOURS  # k nearest other items asked
-    copy_threshold: float | None = None  # aligned likeness; None: calibrated on the set
-    copies: bool = True  # look for copies across splits and under two labels
-    device: str = "auto"  # where a run's network embeds
-    batch_size: int = 4096  # items scored at once
-    workers: int = 0  # processes reading thumbnails, aligning copies (0: one per core, up to 8)
+    source: str | None = setting(
+        None, optional(text()), "The labelled images (default: the run's own data)."
+    )
+    score: str = setting("blend", choice(*AUDIT_SCORE_NAMES), "What ranks the suspected labels.")
+    centres: str = setting(
+        "means", choice(*AUDIT_CENTRES_NAMES), "What the classes' witness holds an item against."
+    )  # means rank planted flips better: docs/audit.md
+    neighbours: int = setting(doubt.NEIGHBOURS, integer(1, 1000), "Nearest other items asked.")
+    copy_threshold: float | None = setting(
+        None, optional(number(0, 1)), "Aligned likeness of copies; None: calibrated on the set."
+    )
+    copies: bool = setting(
+        True, flag(), "Look for copies across splits and under two labels.", option="--no-copies"
+    )
+    device: str = setting("auto", device(), "Where a run's network embeds.")
+    batch_size: int = setting(4096, integer(1), "Items scored at once.", cli=False)
+    workers: int = setting(
+        0, integer(0, 64),
+        "Processes reading thumbnails, aligning copies (0: one per core, at most 8).",
+    )  # fmt: skip
 
 
 @dataclass
@@ -72,7 +82,7 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     """The audit of a run folder (its data embedded by its network) or a bundle."""
     from pactl.verbs.audit_inputs import read_bundle, read_run
 
-    check_config(config)
+    check_options(config, UsageError)
     if (target / "config.json").is_file():
         data = read_run(target, config.source, config.device, reporter, config.centres == "proxies")
     else:
@@ -89,15 +99,6 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
         workers = config.workers or min(os.cpu_count() or 1, 8)
         copies, threshold = find_copies(data, k, given, config.batch_size, reporter, workers)
     return AuditResult(data, scores, copies, threshold, witness, found, sims)
-
-
-def check_config(config: AuditConfig) -> None:
-    if config.score not in SCORES:
-        raise UsageError(f"--score {config.score!r}: choose one of {', '.join(SCORES)}")
-    if config.centres not in CENTRES:
-        raise UsageError(f"--centres {config.centres!r}: choose one of {', '.join(CENTRES)}")
-    if config.neighbours < 1:
-        raise UsageError(f"--neighbours must be at least 1, got {config.neighbours}")
 
 
 def choose_centres(

@@ -11,6 +11,7 @@ from pactl.config import (
     OnnxConfig,
     ParquetConfig,
     QdrantConfig,
+    check_options,
 )
 from pactl.console import Reporter
 from pactl.verbs.index import check_apart
@@ -36,6 +37,7 @@ def export_parquet(
     clip-retrieval layout (pactl.interop.parquet)."""
     from pactl.interop.parquet import write_parquet
 
+    check_options(config)
     check_apart(vectors_dir, out)
     parts, meta = read_parts(vectors_dir)
     return write_parquet(parts, meta, out, reporter, config)
@@ -49,6 +51,7 @@ def export_qdrant(
     from pactl.index import META_FILE, load_bundle
     from pactl.interop.qdrant import bundle_vectors, export_vectors
 
+    check_options(config)
     if (source / META_FILE).is_file() and (source / "index.faiss").exists():
         vectors, items = bundle_vectors(load_bundle(source, mmap=False))
     else:
