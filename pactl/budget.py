@@ -107,12 +107,3 @@ def _decay_step(epochs: int, recipe_epochs: int, recipe_decay_step: int) -> int:
 def stop_early(budget: float, elapsed: float, last_epoch_seconds: float, reserve: float) -> bool:
     """Whether one more epoch as long as the last would end past the budget (with SLACK)."""
     return elapsed + last_epoch_seconds + reserve > budget * (1 + SLACK)
-
-
-def duration_words(seconds: float) -> str:
-    """Seconds as a line says them: 45 s, 1.5 min, 2.1 h."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:  # 90 s reads 1.5 min, not 2
-        return f"{seconds / 60:.1f}".removesuffix(".0") + " min"
-    return f"{seconds / 3600:.1f} h"

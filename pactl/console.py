@@ -222,13 +222,13 @@ def _bytes(n: int) -> str:
 
 
 def duration_words(seconds: float) -> str:
-    """`35 s`, `4 min`, `2 h 5 min`: as precise as a glance at a log needs."""
-    if seconds < 59.5:
-        return f"{round(seconds)} s"
-    minutes = round(seconds / 60)
-    if minutes < 60:
-        return f"{minutes} min"
-    return f"{minutes // 60} h {minutes % 60} min"
+    """Seconds as every line on stderr says them (progress, the time budget): 45 s, 1.5 min,
+    2.1 h, in the units `--time-budget` takes."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:  # 90 s reads 1.5 min, not 2
+        return f"{seconds / 60:.1f}".removesuffix(".0") + " min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _no_advance(n: int = 1) -> None:

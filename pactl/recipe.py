@@ -13,7 +13,6 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pactl.budget import duration_words
 from pactl.config import (
     ModelConfig,
     TrainConfig,
@@ -23,7 +22,7 @@ from pactl.config import (
     split_settings,
     weights_words,
 )
-from pactl.console import counted, quoted
+from pactl.console import counted, duration_words, quoted
 from pactl.errors import PactlError, UsageError
 from pactl.rules import MIN_IMAGE_SIZE, shown
 

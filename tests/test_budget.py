@@ -11,6 +11,7 @@ import pytest
 from conftest import TINY, make_class_folder, run_cli
 
 from pactl import budget
+from pactl.console import duration_words
 from pactl.errors import UsageError
 
 
@@ -74,7 +75,7 @@ def test_durations_at_their_limits() -> None:
     assert budget.parse_duration("0.5s") == 0.5
     with pytest.raises(UsageError, match="above 0"):
         budget.parse_duration("9" * 400)
-    words = {s: budget.duration_words(s) for s in (89.4, 90, 5399, 5400, 7381)}
+    words = {s: duration_words(s) for s in (89.4, 90, 5399, 5400, 7381)}
     assert words == {89.4: "89 s", 90: "1.5 min", 5399: "90 min", 5400: "1.5 h", 7381: "2.1 h"}
 
 

@@ -239,8 +239,8 @@ def test_long_work_writes_a_plain_progress_line_every_ten_seconds(clock: Clock) 
             clock.now = 1000.0 + seconds
             advance(n)
     assert log.getvalue().splitlines() == [
-        "embedding: 1,234/10,000 (12%), 35 s elapsed, about 4 min left",
-        "embedding: 3,000/10,000 (30%), 46 s elapsed, about 2 min left",
+        "embedding: 1,234/10,000 (12%), 35 s elapsed, about 4.1 min left",
+        "embedding: 3,000/10,000 (30%), 46 s elapsed, about 1.8 min left",
         "embedding: 10,000/10,000 (100%), 2 min elapsed",
     ]
     assert "\x1b" not in log.getvalue()
@@ -265,7 +265,7 @@ def test_progress_without_a_total_and_with_a_name_that_is_not_text(clock: Clock)
     with reporter.bar("extracting [b]x[/b]\x1b[2J.tar", total=None) as advance:
         clock.now += 3 * 3600 + 5 * 60
         advance(5_000)
-    assert log.getvalue() == "extracting [b]x[/b]\\x1b[2J.tar: 5,000, 3 h 5 min elapsed\n"
+    assert log.getvalue() == "extracting [b]x[/b]\\x1b[2J.tar: 5,000, 3.1 h elapsed\n"
 
 
 @pytest.fixture

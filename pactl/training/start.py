@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from pactl import checkpoint as ckpt
-from pactl.budget import duration_words
-from pactl.console import QUIET, Reporter
+from pactl.console import QUIET, Reporter, duration_words
 from pactl.datasets import Manifest
 from pactl.loaders import loader_for
 from pactl.training.distributed import barrier

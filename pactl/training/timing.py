@@ -11,9 +11,8 @@ import time
 
 import torch
 
-from pactl.budget import duration_words
 from pactl.config import TrainConfig
-from pactl.console import Reporter, counted
+from pactl.console import Reporter, counted, duration_words
 from pactl.datasets import Manifest
 from pactl.loaders import loader_for
 from pactl.model import freeze_batchnorm
