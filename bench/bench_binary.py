@@ -562,7 +562,7 @@ def real_set(name: str, args: argparse.Namespace, work: Path) -> list[str]:
 
     vectors, labels = test_vectors(name, [], args, work)
     n, dim = vectors.shape
-    floats = metrics.evaluate(vectors, labels, [1])
+    floats = metrics.score_vectors(vectors, labels, [1])
     _, truth = metrics.knn(vectors, vectors, K, np.arange(n), np.arange(n))
     lines = [
         f"| {name} | float {dim}-d | {4 * dim} | {floats['recall@1']:.4f} | "

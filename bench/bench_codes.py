@@ -124,10 +124,10 @@ def score_run(run: Path, set_dir: Path, bits: int) -> Scores:
         if not len(part):
             continue
         vectors, labels = split_vectors(model, part, split, model_cfg, cfg, device, QUIET)
-        found = metrics.evaluate(vectors, labels, (1,))
+        found = metrics.score_vectors(vectors, labels, (1,))
         scores.float[split] = {"recall@1": found["recall@1"], "map@r": found["map@r"]}
         codes = vectors if model_cfg.bits else itq(vectors, bits, cfg.seed)
-        found = hamming.evaluate(codes, labels, (1,))
+        found = hamming.score_codes(codes, labels, (1,))
         scores.codes[split] = {"recall@1": found["recall@1"], "map@r": found["map@r"]}
     return scores
 

@@ -1,4 +1,4 @@
-"""Retrieval evaluation speed: pactl.metrics.evaluate against the official Proxy-Anchor recipe.
+"""Retrieval evaluation speed: pactl.metrics.score_vectors against the official Proxy-Anchor recipe.
 
 The official repository (github.com/tjddus9597/Proxy-Anchor-CVPR2020, utils.py,
 evaluate_cos_SOP) evaluates Stanford Online Products like this: in chunks of 10,000 queries,
@@ -95,11 +95,11 @@ def run_baseline(x: np.ndarray, labels: np.ndarray, ks: list[int]) -> dict[str, 
 
 
 def run_pactl(x: np.ndarray, labels: np.ndarray, ks: list[int]) -> dict[str, Any]:
-    """pactl.metrics.evaluate on the same data."""
-    from pactl.metrics import evaluate
+    """pactl.metrics.score_vectors on the same data."""
+    from pactl.metrics import score_vectors
 
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = evaluate(x, labels, ks)
+    result = score_vectors(x, labels, ks)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     recall = {k: result.pop(f"recall@{k}") for k in ks}
     return {
@@ -197,7 +197,7 @@ def report(args: argparse.Namespace, ks: list[int], runs: dict[str, list[Run]]) 
     print("| --- | ---: | ---: | ---: |")
     for name, run in (
         ("official recipe: torch cosine + topk, recall loop", base),
-        ("pactl.metrics.evaluate", ours),
+        ("pactl.metrics.score_vectors", ours),
     ):
         print(
             f"| {name} | {run.seconds:.1f} | {run.cpu_seconds:.1f} "

@@ -112,10 +112,10 @@ def split_rows(set_dir: Path, split: str) -> tuple[list[Path], np.ndarray]:
 
 
 def raw_pixel_scores(set_dir: Path, size: int) -> dict[str, float]:
-    from pactl.metrics import evaluate
+    from pactl.metrics import score_vectors
 
     paths, labels = split_rows(set_dir, "test")
-    return evaluate(raw_pixel_vectors(paths, size), labels, ks=(1,))
+    return score_vectors(raw_pixel_vectors(paths, size), labels, ks=(1,))
 
 
 # ---------------------------------------------------------------- running pactl

@@ -1,7 +1,7 @@
-"""Retrieval metrics: pure numpy functions of neighbour tables, an exact kNN, and evaluate().
+"""Retrieval metrics: pure numpy functions of neighbour tables, an exact kNN, and score_vectors().
 
 recall_at_k, map_at_r and r_precision read neighbour tables (from knn or anywhere else);
-evaluate() gives the same numbers for a whole labelled set without building the table (see
+score_vectors() gives the same numbers for a whole labelled set without building the table (see
 its docstring). Vectors arrive as float32 numpy arrays, L2-normalised, so inner product is
 cosine similarity.
 
@@ -209,7 +209,7 @@ def _kmeans_plusplus(x: np.ndarray, k: int, rng: np.random.Generator) -> np.ndar
     return np.ascontiguousarray(x[chosen])
 
 
-def evaluate(
+def score_vectors(
     vectors: np.ndarray,
     labels: np.ndarray,
     ks: Sequence[int],
@@ -310,7 +310,7 @@ def _class_members(
 
 
 class _Sweep:
-    """One pass over similarity blocks gathering, per query, what evaluate() needs.
+    """One pass over similarity blocks gathering, per query, what score_vectors() needs.
 
     For each query: how many other-class gallery items score above `best` (its best
     same-class score), and its `width` best other-class scores. Same-class pairs, the query

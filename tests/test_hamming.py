@@ -52,7 +52,7 @@ def test_hamming_metrics_break_ties_by_id() -> None:
     # Neighbours by (distance, id): 0 -> 1, 2, 3; 1 -> 0, 2|3 (4, 4: 2 first); 2 -> 0, 1, 3
     # (2; 4, 4); 3 -> 1, 2 (4, 4), 0 (6). First hits: 0 at rank 2, 1 at rank 3, 2 at rank 1,
     # 3 at rank 1. R = 1 for every item.
-    scores = hamming.evaluate(codes, labels, (1, 2))
+    scores = hamming.score_codes(codes, labels, (1, 2))
     assert scores["recall@1"] == pytest.approx(2 / 4)
     assert scores["recall@2"] == pytest.approx(3 / 4)
     assert scores["map@r"] == pytest.approx(2 / 4)
@@ -98,10 +98,10 @@ def test_hamming_metrics_match_a_brute_force(with_gallery: bool) -> None:
     codes = (centres[labels] + rng.standard_normal((90, 16))).astype(np.float32)
     if with_gallery:
         q, ql, g, gl = codes[:30], labels[:30], codes[30:], labels[30:]
-        got = hamming.evaluate(q, ql, (1, 4), g, gl)
+        got = hamming.score_codes(q, ql, (1, 4), g, gl)
         expected = brute_force_metrics(q, ql, g, gl, False, (1, 4))
     else:
-        got = hamming.evaluate(codes, labels, (1, 4))
+        got = hamming.score_codes(codes, labels, (1, 4))
         expected = brute_force_metrics(codes, labels, codes, labels, True, (1, 4))
     for name, value in expected.items():
         assert got[name] == pytest.approx(value, abs=1e-12), name
@@ -163,7 +163,7 @@ def test_hamming_metrics_at_the_edges_without_a_gallery() -> None:
     found: items 0 and 2 share a class and are each other's farthest, item 4 is alone."""
     codes = np.vstack([EDGE_CODES, [[-1, 1, -1, 1]]]).astype(np.float32)
     labels = np.array([1, 0, 1, 0, 7])
-    got = hamming.evaluate(codes, labels, (1, 3, 1000))
+    got = hamming.score_codes(codes, labels, (1, 3, 1000))
     expected = brute_force_metrics(codes, labels, codes, labels, True, (1, 3, 1000))
     assert got == pytest.approx(expected, abs=1e-12) and set(got) == set(expected)
     assert got["recall@1000"] == 1.0 and got["recall@1"] < 1.0
@@ -176,12 +176,12 @@ def test_hamming_metrics_at_the_edges_with_a_gallery() -> None:
     queries = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, -1]], dtype=np.float32)
     q_labels = np.array([1, 9, 0])
     g_labels = np.array([0, 0, 1, 0])
-    got = hamming.evaluate(queries, q_labels, (1, 10), EDGE_CODES, g_labels)
+    got = hamming.score_codes(queries, q_labels, (1, 10), EDGE_CODES, g_labels)
     expected = brute_force_metrics(queries, q_labels, EDGE_CODES, g_labels, False, (1, 10))
     assert got == pytest.approx(expected, abs=1e-12) and set(got) == set(expected)
     assert (got["recall@1"], got["recall@10"], got["map@r"]) == (0.5, 1.0, 0.5)
     with pytest.raises(ValueError, match="ks must be positive"):
-        hamming.evaluate(queries, q_labels, (0, 1), EDGE_CODES, g_labels)
+        hamming.score_codes(queries, q_labels, (0, 1), EDGE_CODES, g_labels)
 
 
 def test_hamming_nmi_is_that_of_the_unit_codes_with_the_seed() -> None:
@@ -196,9 +196,9 @@ def test_hamming_nmi_is_that_of_the_unit_codes_with_the_seed() -> None:
     codes = np.where(vectors > 0, 1.0, -1.0).astype(np.float32) / np.float32(np.sqrt(8))
     by_seed = {seed: metrics.nmi(codes, labels, seed) for seed in (0, 1, 2)}
     assert len(set(by_seed.values())) == 3  # the seed matters on these codes
-    assert hamming.evaluate(vectors, labels, (1,), with_nmi=True)["nmi"] == by_seed[0]
-    assert hamming.evaluate(vectors, labels, (1,), with_nmi=True, seed=2)["nmi"] == by_seed[2]
+    assert hamming.score_codes(vectors, labels, (1,), with_nmi=True)["nmi"] == by_seed[0]
+    assert hamming.score_codes(vectors, labels, (1,), with_nmi=True, seed=2)["nmi"] == by_seed[2]
     separated = np.repeat(np.eye(4, 8, dtype=np.float32) * 2 - 1, 5, axis=0)
-    assert hamming.evaluate(separated, np.repeat(np.arange(4), 5), (1,), with_nmi=True)[
+    assert hamming.score_codes(separated, np.repeat(np.arange(4), 5), (1,), with_nmi=True)[
         "nmi"
     ] == pytest.approx(1.0)

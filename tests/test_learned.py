@@ -207,7 +207,7 @@ def test_train_bits_writes_codes_that_index_picks_up(
     test = [i for i, row in enumerate(items) if split[row["path"]] == "test"]
     labels = np.array([int(items[i]["label"]) for i in test])
     last = read_csv(run / "metrics.csv")[-1]
-    scores = hamming.evaluate(vectors[test], labels, (1, 2, 4, 8))
+    scores = hamming.score_codes(vectors[test], labels, (1, 2, 4, 8))
     for name in ("recall@1", "recall@2", "map@r"):
         assert float(last[name]) == pytest.approx(scores[name], abs=1e-4), name
     meta = json.loads((tmp_path / "b" / "meta.json").read_text())

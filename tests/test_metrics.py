@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pactl.metrics import evaluate, knn, map_at_r, nmi, r_precision, recall_at_k
+from pactl.metrics import knn, map_at_r, nmi, r_precision, recall_at_k, score_vectors
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -89,12 +89,12 @@ def test_a_table_narrower_than_r_is_refused() -> None:
         recall_at_k(np.array([[1, 1]]), np.array([1]), [3])
 
 
-def test_evaluate_leaves_singleton_classes_out() -> None:
+def test_score_vectors_leaves_singleton_classes_out() -> None:
     angles = np.radians([0.0, 40.0, 10.0])  # a1, a2, and b between them nearer a1
     x = np.stack([np.cos(angles), np.sin(angles)], axis=1).astype(np.float32)
     labels = np.array([0, 0, 1])  # b is alone in its class
     # a1 ranks b then a2; a2 ranks b then a1: both find their class at rank 2.
-    result = evaluate(x, labels, ks=[1, 2])
+    result = score_vectors(x, labels, ks=[1, 2])
     assert result == {"recall@1": 0.0, "recall@2": 1.0, "map@r": 0.0, "r_precision": 0.0}
 
 
@@ -152,18 +152,18 @@ def test_knn_refuses_bad_arguments() -> None:
         knn(x, x, k=1, query_ids=ids, gallery_ids=np.zeros(10, dtype=np.int64))
 
 
-# --- evaluate against brute force ---------------------------------------------------------
+# --- score_vectors against brute force ----------------------------------------------------
 
 
 # Blocks of 37 leave a ragged last block; blocks of 4 are narrower than the largest R, so a
 # query's first block cannot fill its list of best other-class scores.
 @pytest.mark.parametrize(("block", "threads"), [(1024, 1), (37, 3), (4, 2)])
-def test_evaluate_matches_brute_force_without_gallery(block: int, threads: int) -> None:
+def test_score_vectors_matches_brute_force_without_gallery(block: int, threads: int) -> None:
     rng = np.random.default_rng(4)
     x, labels = clustered(rng, n=300, classes=60, dim=8, noise=0.9)
     labels[:3] = [1000, 1001, 1002]  # singletons
     ks = [1, 2, 4, 8, 500]  # 500 is past the 299 others: every query finds its class
-    result = evaluate(x, labels, ks, block_size=block, threads=threads)
+    result = score_vectors(x, labels, ks, block_size=block, threads=threads)
     order = brute_force_order(x, x, self_match=True)[:, :-1]  # the query itself is last
     r = np.array([np.sum(labels == y) - 1 for y in labels])
     expected = reference_metrics(labels[order], labels, r, ks)
@@ -173,7 +173,7 @@ def test_evaluate_matches_brute_force_without_gallery(block: int, threads: int) 
         assert result[name] == pytest.approx(value, abs=1e-12), name
 
 
-def test_evaluate_matches_brute_force_with_gallery() -> None:
+def test_score_vectors_matches_brute_force_with_gallery() -> None:
     rng = np.random.default_rng(5)
     centres = rng.standard_normal((30, 8))
     q_labels = rng.integers(0, 30, 120)
@@ -181,7 +181,7 @@ def test_evaluate_matches_brute_force_with_gallery() -> None:
     queries = unit(centres[q_labels] + 0.8 * rng.standard_normal((120, 8)))
     gallery = unit(centres[g_labels] + 0.8 * rng.standard_normal((200, 8)))
     ks = [1, 5, 10]
-    result = evaluate(
+    result = score_vectors(
         queries, q_labels, ks, gallery_vectors=gallery, gallery_labels=g_labels, block_size=50
     )
     order = brute_force_order(queries, gallery, self_match=False)
@@ -192,26 +192,26 @@ def test_evaluate_matches_brute_force_with_gallery() -> None:
         assert result[name] == pytest.approx(value, abs=1e-12), name
 
 
-def test_evaluate_agrees_with_the_table_metrics_on_a_knn_table() -> None:
+def test_score_vectors_agrees_with_the_table_metrics_on_a_knn_table() -> None:
     rng = np.random.default_rng(6)
     x, labels = clustered(rng, n=250, classes=20, dim=6, noise=1.0)
     ids = np.arange(len(x))
     r = np.array([np.sum(labels == y) - 1 for y in labels])
     _, indices = knn(x, x, k=int(r.max()), query_ids=ids, gallery_ids=ids)
     table = labels[indices]
-    result = evaluate(x, labels, [1, 3])
+    result = score_vectors(x, labels, [1, 3])
     assert result["map@r"] == pytest.approx(map_at_r(table, labels, r), abs=1e-12)
     assert result["r_precision"] == pytest.approx(r_precision(table, labels, r), abs=1e-12)
     recalls = recall_at_k(table, labels, [1, 3])
     assert (result["recall@1"], result["recall@3"]) == (recalls[1], recalls[3])
 
 
-def test_evaluate_refuses_sets_with_nothing_to_retrieve() -> None:
+def test_score_vectors_refuses_sets_with_nothing_to_retrieve() -> None:
     x = unit(np.random.default_rng(8).standard_normal((4, 3)))
     with pytest.raises(ValueError, match="no query"):
-        evaluate(x, np.arange(4), ks=[1])
+        score_vectors(x, np.arange(4), ks=[1])
     with pytest.raises(ValueError, match="ks"):
-        evaluate(x, np.zeros(4, dtype=np.int64), ks=[0])
+        score_vectors(x, np.zeros(4, dtype=np.int64), ks=[0])
 
 
 # --- NMI ------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def test_nmi_is_one_on_separated_clusters_and_low_on_random_labels() -> None:
     rng = np.random.default_rng(7)
     x, labels = clustered(rng, n=400, classes=10, dim=16, noise=0.01)
     assert nmi(x, labels) == pytest.approx(1.0, abs=1e-9)
-    assert evaluate(x, labels, [1], with_nmi=True)["nmi"] == pytest.approx(1.0, abs=1e-9)
+    assert score_vectors(x, labels, [1], with_nmi=True)["nmi"] == pytest.approx(1.0, abs=1e-9)
     shuffled = rng.permutation(labels)
     assert nmi(x, shuffled) < 0.15
 
@@ -248,18 +248,18 @@ def test_each_refusal_names_the_argument_at_fault() -> None:
             call()
 
 
-def test_each_refusal_of_evaluate_names_the_argument_at_fault() -> None:
+def test_each_refusal_of_score_vectors_names_the_argument_at_fault() -> None:
     """Guards against a message naming the wrong input (or none), and a block size of 0 let
-    through when no thread count is given: each bad argument of evaluate is named."""
+    through when no thread count is given: each bad argument of score_vectors is named."""
     x = unit(np.random.default_rng(10).standard_normal((6, 4)))
     ids = np.arange(6)
     cases = [
-        (lambda: evaluate(x[0], ids, [1]), "^vectors must be"),
-        (lambda: evaluate(x, ids[:5], [1]), "^labels must be"),
-        (lambda: evaluate(x, ids, [1], x[:, :0], ids), "^gallery_vectors must be"),
-        (lambda: evaluate(x, ids, [1], x, ids[:5]), "^gallery_labels must be"),
-        (lambda: evaluate(x, ids % 2, [1], block_size=0), "block_size and threads"),
-        (lambda: evaluate(x, ids % 2, [1], threads=0), "block_size and threads"),
+        (lambda: score_vectors(x[0], ids, [1]), "^vectors must be"),
+        (lambda: score_vectors(x, ids[:5], [1]), "^labels must be"),
+        (lambda: score_vectors(x, ids, [1], x[:, :0], ids), "^gallery_vectors must be"),
+        (lambda: score_vectors(x, ids, [1], x, ids[:5]), "^gallery_labels must be"),
+        (lambda: score_vectors(x, ids % 2, [1], block_size=0), "block_size and threads"),
+        (lambda: score_vectors(x, ids % 2, [1], threads=0), "block_size and threads"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -355,7 +355,7 @@ def test_block_size_and_threads_change_no_number_even_at_exact_ties() -> None:
 
     assert ranked(other_first=True) != ranked(other_first=False)  # the ties decide
     for block, threads in [(1024, 1), (1, 1), (1, 2), (2, 1), (4, 2)]:
-        got = evaluate(x, labels, [1, 2], block_size=block, threads=threads)
+        got = score_vectors(x, labels, [1, 2], block_size=block, threads=threads)
         assert got == pytest.approx(ranked(other_first=False), abs=1e-12), (block, threads)
 
 
@@ -411,27 +411,27 @@ def test_nmi_is_20_lloyd_iterations_on_every_point() -> None:
     assert lloyd_nmi(x, labels, 0, 21) != pytest.approx(lloyd_nmi(x, labels, 0, 20), abs=1e-6)
 
 
-def test_evaluate_passes_its_seed_and_reports_progress() -> None:
-    """Guards against evaluate's NMI ignoring the seed given (or defaulting to another than
+def test_score_vectors_passes_its_seed_and_reports_progress() -> None:
+    """Guards against score_vectors's NMI ignoring the seed given (or defaulting to another than
     0), and progress never reported: the progress steps add up to the queries."""
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 10, 3000)
     x = rng.random((3000, 2)).astype(np.float32)
     steps: list[int] = []
-    got = evaluate(x, labels, [1], with_nmi=True, progress=steps.append, block_size=700)
+    got = score_vectors(x, labels, [1], with_nmi=True, progress=steps.append, block_size=700)
     assert got["nmi"] == nmi(x, labels, 0) and sum(steps) == 3000 and len(steps) == 5
-    assert evaluate(x, labels, [1], with_nmi=True, seed=3)["nmi"] == nmi(x, labels, 3)
+    assert score_vectors(x, labels, [1], with_nmi=True, seed=3)["nmi"] == nmi(x, labels, 3)
     assert nmi(x, labels, 3) != nmi(x, labels, 0)
 
 
 def test_float64_vectors_give_the_float32_numbers() -> None:
     """Guards against float64 input being used as it comes (the products then differ from
-    the float32 ones every other path computes): knn, evaluate and nmi cast it first."""
+    the float32 ones every other path computes): knn, score_vectors and nmi cast it first."""
     rng = np.random.default_rng(15)
     x, labels = clustered(rng, n=90, classes=6, dim=5, noise=1.0)
     wide = x.astype(np.float64)
     for a, b in zip(knn(wide, wide, k=4), knn(x, x, k=4), strict=True):
         assert a.dtype == b.dtype and np.array_equal(a, b)
-    assert evaluate(wide, labels, [1, 4], with_nmi=True) == evaluate(
+    assert score_vectors(wide, labels, [1, 4], with_nmi=True) == score_vectors(
         x, labels, [1, 4], with_nmi=True
     )

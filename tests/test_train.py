@@ -77,7 +77,7 @@ def untrained_digits_metrics() -> dict[str, float]:
     test = load_source("digits", QUIET).select("test")
     net, config = build_model(PRESETS["digits"].model, seed=PRESETS["digits"].train.seed)
     done = embed_files(net, test.files(), config, torch.device("cpu"), QUIET)
-    return metrics.evaluate(done.vectors, test.labels[done.rows], (1, 2, 4, 8))
+    return metrics.score_vectors(done.vectors, test.labels[done.rows], (1, 2, 4, 8))
 
 
 def tiny_train(tmp_path: Path, monkeypatch, capsys, *extra: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]

@@ -5,7 +5,7 @@ A vector's code is its signs: bit i is 1 where component i is above 0. For two N
 as +-1 vectors s and t, hamming(s, t) = (N - s . t) / 2, so the distances come from one float32
 matrix product, exact for any N a network makes (sums of +-1 up to 2**24 are exact integers).
 Ranking by Hamming distance leaves many items level (N + 1 distances for thousands of items);
-pactl.metrics.evaluate ranks a level other-class item below the same-class one, which would
+pactl.metrics.score_vectors ranks a level other-class item below the same-class one, which would
 flatter codes, so here the order is (distance, gallery position) and the metrics are read from
 that neighbour table.
 """
@@ -73,7 +73,7 @@ def neighbours(
     return distances, indices
 
 
-def evaluate(
+def score_codes(
     vectors: np.ndarray,
     labels: np.ndarray,
     ks: Sequence[int],
@@ -82,7 +82,7 @@ def evaluate(
     with_nmi: bool = False,
     seed: int = 0,
 ) -> dict[str, float]:
-    """pactl.metrics.evaluate for the vectors' sign codes: Recall@k for each k, MAP@R and
+    """pactl.metrics.score_vectors for the vectors' sign codes: Recall@k for each k, MAP@R and
     R-precision by Hamming distance, ties broken by id (and NMI of k-means on the codes).
     Without a gallery every item queries all the others, itself excluded by id; with one the
     rows of `vectors` query the gallery only."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from pactl.calibrate import Calibration
 
 
-def evaluate(
+def score_network(
     net: nn.Module,
     manifest: Manifest,
     model_cfg: ModelConfig,
@@ -43,7 +43,7 @@ def evaluate(
     from pactl import metrics
     from pactl.codes import hamming
 
-    score = hamming.evaluate if codes else metrics.evaluate
+    score = hamming.score_codes if codes else metrics.score_vectors
 
     def vectors(split: str) -> tuple[np.ndarray, np.ndarray]:
         part = manifest.select(split)

@@ -20,7 +20,7 @@ from pactl.errors import PactlError
 from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
 from pactl.runtime import autocast, resolve_device
 from pactl.training.distributed import World, gather_batch, share_sizes
-from pactl.training.evaluation import evaluate
+from pactl.training.evaluation import score_network
 from pactl.training.splits import Splits
 
 
@@ -247,12 +247,12 @@ def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) ->
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     val = len(splits.val) > 0
     codes = t.model_cfg.bits > 0
-    scores = evaluate(
+    scores = score_network(
         t.net, splits.test, t.model_cfg, t.cfg, t.device, reporter, nmi, False,
         keep=None if val else kept, codes=codes,
     )  # fmt: skip
     if val:
-        found = evaluate(
+        found = score_network(
             t.net, splits.val, t.model_cfg, t.cfg, t.device, reporter, False, False, keep=kept,
             codes=codes,
         )  # fmt: skip

@@ -53,7 +53,7 @@ def eval_checkpoint(
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
     from pactl.runtime import resolve_device
-    from pactl.training.evaluation import evaluate
+    from pactl.training.evaluation import score_network
 
     manifest = load_source(source, reporter, follow_links=follow_links)
     evaluation = manifest.select(*manifest.eval_splits())
@@ -63,7 +63,7 @@ def eval_checkpoint(
     device = resolve_device(device_name)
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
-    scores = evaluate(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+    scores = score_network(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
     return scores, network.config
 
 
@@ -142,7 +142,7 @@ def eval_codes(
     (q, q_labels), (g, g_labels) = embedded[0], embedded[-1]
     symmetric = len(embedded) == 1
     gallery, labels = (None, None) if symmetric else (g, g_labels)
-    scores = metrics.evaluate(q, q_labels, ks, gallery, labels, with_nmi=True, seed=cfg.seed)
+    scores = metrics.score_vectors(q, q_labels, ks, gallery, labels, with_nmi=True, seed=cfg.seed)
     scores["mean_cos"] = mean_pairwise_cosine(g)
     binary = gallery_codes(g, network, codes, bundle_dir, reporter)
     return {**scores, **code_metrics(binary, q, q_labels, g_labels, ks, symmetric)}, network.config
