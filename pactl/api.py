@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pactl.arguments import ARRAY, checked, unit_queries
 from pactl.config import EmbedConfig, IndexConfig, ModelConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError, UsageError
@@ -119,6 +120,7 @@ class Index:
     write a new generation of the folder and load it again.
     """
 
+    @checked()
     def __init__(
         self,
         path: str | Path,
@@ -170,6 +172,7 @@ class Index:
         """The bundle's meta.json."""
         return self.bundle.meta
 
+    @checked()
     def query(
         self,
         images: Query | Sequence[Query],
@@ -212,6 +215,7 @@ class Index:
             rows += chunk.hits
         return rows
 
+    @checked(vectors=ARRAY)
     def search(
         self,
         vectors: np.ndarray,
@@ -219,16 +223,18 @@ class Index:
         names: Sequence[str] | None = None,
         rescore: int | None = None,
     ) -> list[list[Hit]]:
-        """The top-k hits of each row of `vectors` ((N, dimension) float32, unit rows, from this
-        bundle's network); `names` become the hits' `query` (default: the row numbers);
+        """The top-k hits of each row of `vectors` ((N, dimension), from this bundle's network;
+        each row is scaled to length 1, so scores are cosines, and a row holding NaN or Inf or
+        all zeros is refused); `names` become the hits' `query` (default: the row numbers);
         `rescore` as in query."""
         from pactl.index.search import hits, search
 
-        x = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+        x = unit_queries(vectors, self.dimension)  # NaN refused, lengths made 1
         labels = list(names) if names is not None else [str(i) for i in range(len(x))]
         scores, ids = search(self.bundle, x, k, rescore=rescore)
         return hits(self.bundle, labels, scores, ids)
 
+    @checked()
     def vectors_of(self, images: Sequence[Any]) -> np.ndarray:
         """The unit vectors of PIL images or preprocessed tensors, one forward pass, as
         `pactl serve` embeds a request's images: (N, dimension) float32."""
@@ -246,6 +252,7 @@ class Index:
             )
         return embed_decoded(self.model, stacked.float(), self.model_config, self.device)
 
+    @checked()
     def preprocess(self, image: Image.Image) -> torch.Tensor:
         """A PIL image as the network takes it: upright 8-bit RGB (transparency on white),
         resized, centre-cropped and normalised as the bundle's model_config says: (3, S, S)."""
@@ -265,6 +272,7 @@ class Index:
             )
         return self._transform(to_rgb(image))
 
+    @checked()
     def add(self, source: str | Path, split: str | None = None, workers: int = 0) -> dict[str, int]:
         """`pactl index SOURCE --add BUNDLE`: embed the images of `source` the bundle lacks (or
         holds from before their file changed) and append them, under the bundle's writer lock,
@@ -276,6 +284,7 @@ class Index:
         self.reload()
         return {key: int(value) for key, value in done.items()}
 
+    @checked()
     def delete(self, ids: Sequence[int] = (), paths: Sequence[str | Path] = ()) -> int:
         """`pactl index BUNDLE --delete`: items deleted by id or path (searches skip them at
         once); returns how many were not deleted already."""
@@ -317,6 +326,7 @@ def _name_of(query: Any, position: int) -> str:
     return str(name) if name else f"<image {position}>"
 
 
+@checked()
 def open_index(
     path: str | Path,
     checkpoint: str | Path | None = None,
@@ -339,6 +349,7 @@ class Vectors:
     meta: dict[str, Any]  # meta.json
 
 
+@checked()
 def embed_folder(
     source: str | Path,
     model: str | Path | ModelConfig,
@@ -361,6 +372,7 @@ def embed_folder(
     return read_vectors(out)
 
 
+@checked()
 def read_vectors(folder: str | Path) -> Vectors:
     """The vectors, items and meta of an embed output folder (`pactl embed --out`)."""
     from pactl.verbs.vector_sources import gather_vectors
@@ -368,6 +380,7 @@ def read_vectors(folder: str | Path) -> Vectors:
     return Vectors(*gather_vectors(Path(folder)))
 
 
+@checked()
 def build_index(
     vectors: str | Path,
     out: str | Path | None = None,
@@ -403,6 +416,7 @@ def build_index(
     return bundle
 
 
+@checked()
 def load_model(checkpoint: str | Path) -> torch.nn.Module:
     """A checkpoint (best.pt or checkpoint.pt) as a torch.nn.Module in eval mode on the CPU:
     (B, 3, S, S) images preprocessed as its model_config says -> (B, D) unit vectors. The
@@ -446,6 +460,7 @@ def _keyword(field: str) -> str:
     return field
 
 
+@checked()
 def train(
     source: str | Path | None = None,
     *,
@@ -531,6 +546,7 @@ def _new_run(
     return runs_dir() / (name or default_run_name(source, recipe.model, recipe.train)), recipe
 
 
+@checked()
 def evaluate(
     checkpoint: str | Path | ModelConfig,
     source: str | Path | None = None,

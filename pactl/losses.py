@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pactl.arguments import ANY, checked
+
 
 def _math_dtype(*tensors: Tensor) -> torch.dtype:
     """float64 stays float64 (for gradcheck); anything narrower is computed in float32."""
@@ -208,8 +210,8 @@ def proxy_anchor_loss(
     """
     _check_batch(embeddings, labels)
     _check_proxies(proxies, embeddings)
-    if alpha <= 0:
-        raise ValueError(f"alpha must be > 0, got {alpha}")
+    if not (math.isfinite(alpha) and alpha > 0 and math.isfinite(delta)):  # NaN > 0 is False
+        raise ValueError(f"alpha must be > 0 and finite, delta finite; got {alpha}, {delta}")
     with _no_autocast(embeddings.device):
         dtype = _math_dtype(embeddings, proxies)
         emb, prox = embeddings.to(dtype), proxies.to(dtype)
@@ -231,6 +233,7 @@ class ProxyAnchorLoss(nn.Module):
     ``loss(embeddings, labels)``: embeddings (B, embedding_size), labels (B,) in [0, num_classes).
     """
 
+    @checked()
     def __init__(
         self,
         num_classes: int,
@@ -269,6 +272,7 @@ class ProxyNCALoss(nn.Module):
     comparison). The proxies start Kaiming-normal: the same directions as a plain normal start.
     """
 
+    @checked()
     def __init__(
         self,
         num_classes: int,
@@ -317,6 +321,7 @@ class MultiSimilarityLoss(nn.Module):
     anchors; an anchor left without mined pairs contributes 0.
     """
 
+    @checked()
     def __init__(
         self,
         alpha: float = 2.0,
@@ -343,10 +348,11 @@ class MultiSimilarityLoss(nn.Module):
 
 
 def _mined_pairs(sim: Tensor, pos: Tensor, neg: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-    """The Multi-Similarity paper's informative pairs among the (B, B) masks pos and neg."""
+    """The Multi-Similarity paper's informative pairs among the (B, B) masks pos and neg. A
+    comparison with NaN keeps the pair (written as "not outside"), so NaN reaches the loss."""
     hardest_pos = sim.masked_fill(~pos, float("inf")).amin(dim=1, keepdim=True)
     hardest_neg = sim.masked_fill(~neg, float("-inf")).amax(dim=1, keepdim=True)
-    return pos & (sim - epsilon < hardest_neg), neg & (sim + epsilon > hardest_pos)
+    return pos & ~(sim - epsilon >= hardest_neg), neg & ~(sim + epsilon <= hardest_pos)
 
 
 class TripletLoss(nn.Module):
@@ -359,6 +365,7 @@ class TripletLoss(nn.Module):
     reducer=MeanReducer()) given its BatchHardMiner's triplets.
     """
 
+    @checked()
     def __init__(self, margin: float = 0.1) -> None:
         super().__init__()
         self.margin = margin
@@ -385,6 +392,7 @@ class TripletMarginLoss(nn.Module):
     over the triplets whose loss is above 0 (0 when none is). Memory grows as B^3.
     """
 
+    @checked()
     def __init__(self, margin: float = 0.05) -> None:
         super().__init__()
         self.margin = margin
@@ -407,6 +415,7 @@ class ContrastiveLoss(nn.Module):
     one, each kind averaged over its pairs whose loss is above 0, the two averages added.
     """
 
+    @checked()
     def __init__(self, pos_margin: float = 0.0, neg_margin: float = 1.0) -> None:
         super().__init__()
         self.pos_margin = pos_margin
@@ -423,10 +432,11 @@ class ContrastiveLoss(nn.Module):
 
 def _distance_within_batch(embeddings: Tensor) -> Tensor:
     """(B, B) Euclidean distances of the L2-normalised embeddings, sqrt(2 - 2 cos); where one is
-    0 its gradient is 0 (as torch.cdist's), not the infinite slope of sqrt at 0."""
+    0 its gradient is 0 (as torch.cdist's), not the infinite slope of sqrt at 0. A NaN stays NaN
+    (a NaN embedding's distances are no distance of 0), so the loss is NaN as pml's is."""
     squared = (2.0 - 2.0 * _cosine_within_batch(embeddings)).clamp_min(0.0)
-    apart = squared > 0
-    return torch.where(apart, squared.masked_fill(~apart, 1.0).sqrt(), 0.0)
+    same = squared == 0
+    return torch.where(same, 0.0, squared.masked_fill(same, 1.0).sqrt())
 
 
 def _mean_above_zero(losses: Tensor) -> Tensor:
@@ -443,6 +453,7 @@ class CosineContrastiveLoss(nn.Module):
     absent from the batch contributes 0.
     """
 
+    @checked()
     def __init__(self, pos_margin: float = 0.0, neg_margin: float = 0.5) -> None:
         super().__init__()
         self.pos_margin = pos_margin
@@ -483,6 +494,7 @@ def build_loss(
     return LOSSES[name](num_classes, dim, alpha, delta)
 
 
+@checked(model=ANY)
 def optimizer_groups(
     model: nn.Module | Sequence[dict[str, Any]],
     loss: nn.Module,
