@@ -137,6 +137,7 @@ def run(name: str, argv: list[str], quick: bool, folder: Path) -> int:
     module = importlib.import_module(f"bench.{bench.module}")
     tee = Tee(sys.stdout)
     started = time.perf_counter()
+    saved_argv, sys.argv = sys.argv, [f"bench {name}", *argv]  # the commands it prints quote these
     with contextlib.redirect_stdout(tee):  # type: ignore[type-var]
         try:
             code = module.main(argv) or 0
@@ -144,6 +145,8 @@ def run(name: str, argv: list[str], quick: bool, folder: Path) -> int:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
             if isinstance(stop.code, str):
                 print(stop.code, file=sys.stderr)
+        finally:
+            sys.argv = saved_argv
     if code != 0 or "--help" in argv or "-h" in argv:
         return int(code)
     command = " ".join(["python -m bench", name, *(["--quick"] if quick else []), *argv[
