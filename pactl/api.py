@@ -16,9 +16,8 @@ printed unless `progress=True` (progress and messages on stderr, as the CLI show
 
 from __future__ import annotations
 
-import functools
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,6 @@ if TYPE_CHECKING:
     import torch
     from PIL import Image
 
-    from pactl.datasets import Manifest
     from pactl.index import Bundle, ItemTable
     from pactl.losses import (
         ContrastiveLoss,
@@ -48,7 +46,6 @@ if TYPE_CHECKING:
         TripletMarginLoss,
         optimizer_groups,
     )
-    from pactl.recipe import Recipe
 
     # A query: an image file's path, a PIL image, or a tensor of one image (3, S, S) or a
     # batch (B, 3, S, S) already preprocessed as Index.preprocess does.
@@ -456,8 +453,9 @@ class Run:
 
 
 def _keyword(field: str) -> str:
-    """How an error names a setting given to train(): by its keyword."""
-    return field
+    """How an error names what train() was given: by its keyword (the run to continue as
+    `resume=`, a setting by its field's name)."""
+    return "resume=" if field == "resume" else field
 
 
 @checked()
@@ -476,74 +474,17 @@ def train(
     `time_budget` in seconds or as `"15m"`), settled by the function the CLI and the sweeps use
     (pactl.recipe.settle). `resume`: a run folder or "latest", continued with its own settings
     (only epochs, device, workers and precision may change). Returns the Run; an unknown
-    setting, a wrong value or a source that is not there is a PactlError before any work."""
-    from pactl.verbs.train import fit_run, resumed
+    setting, a wrong value or a source that is not there is a PactlError before any work, the
+    line `pactl train` prints for the same mistake (pactl.verbs.train.start_run, the one start
+    of a run for both), naming the keyword where the CLI names the option."""
+    from pactl.verbs import train as verb
 
     reporter = _reporter(progress)
-    given = _given(settings)
-    if resume is not None:
-        named = {"source": source, "preset": preset, "name": name}
-        others = [key for key, value in named.items() if value is not None]
-        run, text, recipe = resumed(resume, given, _keyword, others)
-    else:
-        if source is None:
-            raise UsageError("give a dataset name, folder or CSV to train on (or resume=)")
-        text = str(source)
-        run, recipe = _new_run(text, given, preset, name, _manifests(text, reporter))
-    manifest = _manifests(text, reporter)(recipe.train.follow_links)
-    result = fit_run(text, manifest, recipe, run, reporter, resume is not None, overwrite)
+    start = verb.start_run(
+        source, settings, reporter, preset=preset, name=name, resume=resume, words=_keyword
+    )
+    result = verb.fit_run(start, reporter, overwrite)
     return Run(result.run_dir, result.best_epoch, dict(result.best_metrics), result.selection)
-
-
-def _given(settings: dict[str, Any]) -> dict[str, Any]:
-    """train()'s settings as `pactl train` gives them to settle: lists as tuples, a time budget
-    in seconds, and not with epochs (the budget chooses them)."""
-    from pactl.budget import parse_duration
-
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in settings.items()}
-    budget = given.get("time_budget")
-    if isinstance(budget, str):
-        try:
-            given["time_budget"] = parse_duration(budget)
-        except UsageError as e:
-            raise UsageError(f"time_budget {e}") from None
-    if given.get("time_budget") is not None and "epochs" in given:
-        raise UsageError("give epochs or time_budget, not both (the budget chooses epochs)")
-    return given
-
-
-def _manifests(source: str, reporter: Reporter) -> Callable[[bool], Manifest]:
-    """The source's manifest, read once (by the recipe where it needs the images' size, else
-    by the training), following links or not."""
-    from pactl.datasets import load_source
-
-    return functools.cache(lambda follow: load_source(source, reporter, follow_links=follow))
-
-
-def _new_run(
-    source: str,
-    given: dict[str, Any],
-    preset: str | None,
-    name: str | None,
-    data: Callable[[bool], Manifest],
-) -> tuple[Path, Recipe]:
-    """A new run's folder and recipe, as `pactl train SOURCE` settles them."""
-    from pactl.config import TRAIN_RULES
-    from pactl.datasets import typical_side
-    from pactl.recipe import settle
-    from pactl.runtime import resolve_device
-    from pactl.store.home import runs_dir
-    from pactl.verbs.sources import check_source
-    from pactl.verbs.train import check_run_name, default_run_name
-
-    check_source(source)
-    if name is not None:
-        check_run_name(name)
-    device = given.get("device", "auto")  # a wrong one: settle names it
-    kind = resolve_device(device if TRAIN_RULES["device"].ok(device) else "auto").type
-    side = lambda: typical_side(data(bool(given.get("follow_links"))))  # noqa: E731
-    recipe = settle(source, given, kind, side, preset, _keyword)
-    return runs_dir() / (name or default_run_name(source, recipe.model, recipe.train)), recipe
 
 
 @checked()

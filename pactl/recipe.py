@@ -257,12 +257,15 @@ def settle(
     error: type[PactlError] = UsageError,
 ) -> Recipe:
     """The recipe for `source` with the settings `given` (by ModelConfig and TrainConfig field
-    name): the preset (preset_for; `side()` read only where it depends on the images' size), the
+    name; the preset's name checked first, then each setting's name and value): the preset
+    (preset_for; `side()` read only where it depends on the images' size), the
     settings given over it, a new image size keeping the preset's resize ratio, what they imply
     (implied), the backbone's preprocessing filled in, every field checked. An error names a
     field as `name(field)` (--image-size for the CLI, `sweep setting image_size` for a sweep)."""
     from pactl.model import check_model_config
 
+    if preset is not None and preset not in PRESETS:
+        raise error(f"unknown preset {quoted(preset)}; choose one of {', '.join(PRESETS)}")
     unknown = sorted(k for k in given if not _is_setting(k))
     if unknown:
         raise error(f"{name(unknown[0])} is not a setting of pactl train{_near(unknown[0], name)}")
@@ -270,8 +273,6 @@ def settle(
         rule = declared(key)["rule"]
         if not rule.ok(value):
             raise error(f"{name(key)} must be {rule.wants} (got {shown(value)})")
-    if preset is not None and preset not in PRESETS:
-        raise error(f"unknown preset {quoted(preset)}; choose one of {', '.join(PRESETS)}")
     chosen = preset_for(source, preset, device_type, given.get("weights"), side)
     model_given, train_given = split_settings(dict(given))
     model = model_settings(chosen.model, model_given)
@@ -342,7 +343,7 @@ def explain(model_cfg: ModelConfig, cfg: TrainConfig) -> list[str]:
             if not cfg.freeze_bn and not pretrained
             else "as asked (--freeze-bn/--no-freeze-bn)"
         ),
-        f"best.pt chosen by {_SELECTION[cfg.selection]}"
+        f"best.pt chosen by {CHOSEN_BY[cfg.selection].recipe}"
         + (
             f"; {cfg.val_classes:.0%} of the train classes held out (the data is not read here:"
             " a manifest's own val split is used instead, and with too few train classes to hold"
@@ -477,15 +478,26 @@ def describe_recipe(
         + f", {counted(cfg.epochs, 'epoch')} of batch {cfg.batch_size}",
         f"lr {cfg.lr:g} (x{cfg.proxy_lr_mult:g} proxies), BatchNorm {bn}{amp}",
         f"{_count(train)} train, {_count(val)} val, {_count(test)} test",
-        f"best.pt chosen by {_SELECTION[cfg.selection]}",
+        f"best.pt chosen by {CHOSEN_BY[cfg.selection].recipe}",
     ]
     return "; ".join(parts)
 
 
-_SELECTION = {
-    "val": "validation Recall@1 (then MAP@R)",
-    "test": "test Recall@1 (then MAP@R; the paper's protocol)",
-    "last": "the last epoch",
+@dataclass(frozen=True)
+class Chooser:
+    """What chooses best.pt (TrainConfig.selection), in words: as the recipe says it, and as a
+    run's last line says what chose its best epoch."""
+
+    recipe: str
+    result: str
+
+
+CHOSEN_BY = {
+    "val": Chooser("validation Recall@1 (then MAP@R)", "validation Recall@1, then MAP@R"),
+    "test": Chooser(
+        "test Recall@1 (then MAP@R; the paper's protocol)", "test Recall@1, then MAP@R"
+    ),
+    "last": Chooser("the last epoch", "last epoch"),
 }
 
 

@@ -1,12 +1,11 @@
-"""`pactl train`: options -> pactl.recipe.settle -> pactl.training.loop.fit, resumable."""
+"""`pactl train`: options -> pactl.verbs.train.start_run (the one start of a run, which
+pactl.train() takes too) -> pactl.verbs.train.fit_run, resumable."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import shutil
-from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -23,7 +22,6 @@ from pactl.cli.options import (
     Sampler,
     check_option,
     check_output,
-    check_source,
     on_interrupt,
     reporter,
     to_stdout,
@@ -36,14 +34,16 @@ from pactl.config import (
     option_fields,
     option_name,
 )
-from pactl.console import Reporter, literal, out, quoted
+from pactl.console import Reporter, literal, out
 from pactl.errors import UsageError
-from pactl.recipe import PRESETS, Recipe, settle
-from pactl.store.home import runs_dir
-from pactl.verbs.train import check_run_name, default_run_name
+from pactl.recipe import CHOSEN_BY, PRESETS, Recipe
+from pactl.verbs.train import check_run_name
+
+__all__ = ["check_run_name", "train"]  # pactl sweep's --name takes train's rule
 
 if TYPE_CHECKING:
-    from pactl.datasets import Manifest
+    from pactl.training.loop import TrainResult
+    from pactl.verbs.train import RunStart
 
 
 def train(
@@ -211,110 +211,43 @@ def train(
       pactl train --resume latest
     """
     log = reporter(quiet)
-    data = manifest_reader(log)
-    options = {k: v for k, v in ctx.params.items() if v is not None}
-    budget = checked_budget(time_budget, epochs)
-    if name is not None:
-        check_run_name(name)
     check_option("--device", device, TRAIN_RULES["device"])
-    if resume:
-        run, source, recipe = resumed(resume, options)
-    else:
-        source = checked_source(source, preset)
-        given = settings_given(options, budget)
-        recipe = settle(
-            source,
-            given,
-            device_type(device),
-            lambda: side_of(data(source, bool(follow_links))),
-            preset,
-            option_name,
-        )
-        run = runs_dir() / (name or default_run_name(source, recipe.model, recipe.train))
+    start = start_of(ctx.params, log)
     if print_config:
-        show_config(source, recipe)
+        show_config(start.source, start.recipe)
         return
     if seeds is not None:
         if seed is not None:
             raise UsageError("give --seed or --seeds, not both")
-        train_seeds(source, data, recipe, run, seeds, log, overwrite)
+        train_seeds(start, seeds, log, overwrite)
         return
-    show_result(run_fit(source, data, recipe, run, log, bool(resume), overwrite))
+    show_result(run_fit(start, log, overwrite))
 
 
-def manifest_reader(log: Reporter) -> Callable[[str, bool], Manifest]:
-    """The source's manifest, read once: by the recipe's choice where it needs the images'
-    size, else by the training itself."""
-
-    @functools.cache
-    def data(source: str, follow_links: bool) -> Manifest:
-        from pactl.datasets import load_source
-
-        return load_source(source, log, follow_links=follow_links)
-
-    return data
+# The options of `pactl train` that are no settings and start a new run of their own, which
+# --resume refuses as it refuses a source, a preset and a name.
+RUN_OPTIONS = ("seeds",)
 
 
-# The options of `pactl train` that are no settings, and which --resume refuses as well.
-RUN_OPTIONS = ("source", "preset", "name", "seeds")
+def start_of(params: dict[str, Any], log: Reporter) -> RunStart:
+    """The run the options ask for, through the one start of a run that pactl.train() takes
+    too (pactl.verbs.train.start_run): the options that set a ModelConfig or TrainConfig field
+    given by the field's name (choices as their names), errors naming the options."""
+    from pactl.verbs import train as verb
 
-
-def settings_given(options: dict[str, Any], budget: float | None) -> dict[str, Any]:
-    """The options given that set a ModelConfig or TrainConfig field, by field name (choices as
-    their names, --time-budget in seconds)."""
+    options = {k: v for k, v in params.items() if v is not None}
     fields = option_fields()
-    given = {fields[k]: _value(v) for k, v in options.items() if k in fields}
-    if budget is not None:
-        given["time_budget"] = budget
-    return given
-
-
-def resumed(resume: str, options: dict[str, Any]) -> tuple[Path, str, Recipe]:
-    """The run --resume names and its own settings; only the settings declared resumable
-    (--epochs, --device, --workers, --precision) may change (pactl.verbs.train.resumed)."""
-    from pactl.verbs.train import resumed as resumed_run
-
-    fields = option_fields()
-    changes = {fields[k]: v for k, v in options.items() if k in fields}
-    others = [k for k in options if k in RUN_OPTIONS]
-    return resumed_run(resume, changes, option_name, others)
-
-
-def side_of(manifest: Manifest) -> int | None:
-    """The typical short side of the training images, which the from-scratch CPU recipe's
-    network depends on."""
-    from pactl.datasets import typical_side
-
-    return typical_side(manifest)
-
-
-def checked_budget(text: str | None, epochs: int | None) -> float | None:
-    """--time-budget in seconds; a budget chooses the epochs, so not with --epochs."""
-    from pactl.budget import parse_duration
-
-    if text is None:
-        return None
-    if epochs is not None:
-        raise UsageError("give --epochs or --time-budget, not both (the budget chooses epochs)")
-    try:
-        return parse_duration(text)
-    except UsageError as e:
-        raise UsageError(f"--time-budget {e}") from None
-
-
-def checked_source(source: str | None, preset: str | None) -> str:
-    if source is None:
-        raise UsageError("give a dataset name, folder or CSV to train on (or --resume)")
-    check_source(source)
-    if preset and preset not in PRESETS:
-        raise UsageError(f"unknown preset {quoted(preset)}; choose one of {', '.join(PRESETS)}")
-    return source
-
-
-def device_type(device: str | None) -> str:
-    from pactl.runtime import resolve_device
-
-    return resolve_device(device or "auto").type
+    settings = {fields[k]: _value(v) for k, v in options.items() if k in fields}
+    return verb.start_run(
+        options.get("source"),
+        settings,
+        log,
+        preset=options.get("preset"),
+        name=options.get("name"),
+        resume=options.get("resume") or None,
+        others=[k for k in RUN_OPTIONS if k in options],
+        words=option_name,
+    )
 
 
 def show_config(source: str, recipe: Recipe) -> None:
@@ -329,61 +262,40 @@ def show_config(source: str, recipe: Recipe) -> None:
         out.print_json(data={"source": source, "why": why, **_configs(recipe.model, cfg)})
 
 
-def run_fit(
-    source: str,
-    data: Callable[[str, bool], Manifest],
-    recipe: Recipe,
-    run: Path,
-    log: Reporter,
-    resume: bool,
-    overwrite: bool,
-) -> Any:
-    """Train into `run` on `data(source, follow_links)` (pactl.verbs.train.fit_run); a run
-    that fails before its first checkpoint leaves no folder behind."""
+def run_fit(start: RunStart, log: Reporter, overwrite: bool) -> TrainResult:
+    """Train the run into its folder (pactl.verbs.train.fit_run); a run that fails before its
+    first checkpoint leaves no folder behind, and Ctrl-C says how to go on."""
     from pactl.verbs.train import fit_run
 
+    run = start.run
     check_output(run, "run folder", folder=True)
-    manifest = data(source, recipe.train.follow_links)
+    start.manifest()  # read before Ctrl-C's hint watches: nothing of the run exists yet
     created = not run.exists() or not any(run.iterdir())
     with on_interrupt(lambda: _resume_hint(run, created)):
-        return fit_run(source, manifest, recipe, run, log, resume, overwrite)
+        return fit_run(start, log, overwrite)
 
 
-CHOOSERS = {
-    "val": "validation Recall@1, then MAP@R",
-    "test": "test Recall@1, then MAP@R",
-    "last": "last epoch",
-}
-
-
-def show_result(result: Any) -> None:
+def show_result(result: TrainResult) -> None:
     best = ", ".join(f"{k} {v:.4f}" for k, v in result.best_metrics.items() if "@" in k)
     with to_stdout():
         out.print(literal(f"run: {result.run_dir}"))
-        chosen_by = CHOOSERS[result.selection]
+        chosen_by = CHOSEN_BY[result.selection].result
         out.print(literal(f"best epoch {result.best_epoch} (by {chosen_by}): {best}"))
 
 
-def train_seeds(
-    source: str,
-    data: Callable[[str, bool], Manifest],
-    recipe: Recipe,
-    run: Path,
-    seeds: str,
-    log: Reporter,
-    overwrite: bool,
-) -> None:
+def train_seeds(start: RunStart, seeds: str, log: Reporter, overwrite: bool) -> None:
     """--seeds: the recipe once per seed into sibling run folders, then mean +- std."""
     from pactl.research.seeds import parse_seeds, seed_run_name, shown
     from pactl.research.seeds import train_seeds as run_seeds
 
     chosen = parse_seeds(seeds)
+    run, recipe = start.run, start.recipe
     for s in chosen:
         check_output(run.parent / seed_run_name(run.name, s), "run folder", folder=True)
-    manifest = data(source, recipe.train.follow_links)
+    manifest = start.manifest()
     with on_interrupt(lambda: "finished seeds are kept; start the rest with --seeds"):
         result = run_seeds(
-            source, manifest, recipe.model, recipe.train, run.parent, run.name, chosen, log,
+            start.source, manifest, recipe.model, recipe.train, run.parent, run.name, chosen, log,
             overwrite,
         )  # fmt: skip
     with to_stdout():
