@@ -129,7 +129,7 @@ def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
     net, model_cfg = build_model(model_cfg)
     t = SimpleNamespace(
         cfg=TrainConfig(epochs=4, selection="val"), model=net, model_cfg=model_cfg, writer=None,
-        evaluated=None, best_vectors=None, state=RunState(),
+        state=RunState(),
     )  # fmt: skip
     columns = metric_columns(TrainConfig(eval_ks=(1,)), with_val=True)
 
@@ -137,16 +137,18 @@ def test_a_saturated_validation_recall_leaves_the_choice_to_map_r(
         folder.mkdir()
         t.state = state = RunState()
         run = RunFolder(folder, "data", None, columns, ["a", "b"])  # type: ignore[arg-type]
+        kept = None
         for epoch, m in enumerate(val_map):
             row = {"epoch": epoch, "recall@1": 0.8 + epoch / 100, "map@r": 0.3, "nmi": 0.5}
             row.update({"val_recall@1": 1.0, "val_map@r": m, "mean_cos": 0.5, "seconds": 1.0})
-            state.last = {k: v for k, v in row.items() if "@" in k}
-            state.start = state.start or row
-            t.evaluated = (np.full((2, 2), epoch), np.arange(2))  # this epoch's vectors
-            train.record_epoch(t, run, row, QUIET)
+            vectors = (np.full((2, 2), epoch), np.arange(2))  # this epoch's evaluation's
+            if train.record_epoch(t, run, row, QUIET):  # as the loop keeps best.pt's vectors
+                kept = vectors
+            assert state.last == {k: v for k, v in row.items() if k != "epoch"}
+        assert state.start["val_map@r"] == val_map[0]  # epoch 0's row: what warnings hold to
         assert ckpt.load(folder / "best.pt")["epoch"] == state.best.epoch
         # best.pt's calibration reads the vectors of the epoch best.pt holds
-        assert t.best_vectors[0][0, 0] == state.best.epoch
+        assert kept is not None and kept[0][0, 0] == state.best.epoch
         assert best_epoch(read_metrics(folder / "metrics.csv"), "val") == state.best.epoch
         return state.best.epoch
 

@@ -27,9 +27,10 @@ import os, sys
 import pactl.training.loop as train
 recorded = train.record_epoch
 def record_then_die(t, run_dir, row, *args, **kwargs):
-    recorded(t, run_dir, row, *args, **kwargs)
+    best = recorded(t, run_dir, row, *args, **kwargs)
     if row["epoch"] == 1:
         os._exit(9)
+    return best
 train.record_epoch = record_then_die
 sys.argv = ["pactl", *sys.argv[1:]]
 from pactl.cli import main

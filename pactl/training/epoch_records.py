@@ -21,7 +21,7 @@ from pactl.errors import PactlError
 from pactl.runs import append_metrics, run_config, selection_score, writing_in
 from pactl.store.generations import atomic_write_text
 from pactl.training.noise import noise_record
-from pactl.training.trainer import Best, RunFolder, RunState, Trainer
+from pactl.training.trainer import Best, RunFolder, Trainer
 
 
 def write_provenance(
@@ -100,9 +100,8 @@ def restore_state(t: Trainer, run_dir: Path) -> int:
         torch.set_rng_state(payload["rng"]["torch"])
     except RuntimeError:
         raise PactlError(f"{path}: rng is not a state of torch's generator") from None
-    t.state = RunState(
-        Best.from_dict(payload["best"]), dict(payload["metrics"]), dict(payload.get("start", {}))
-    )
+    t.state.best = Best.from_dict(payload["best"])
+    t.state.last, t.state.start = dict(payload["metrics"]), dict(payload.get("start", {}))
     return int(payload["epoch"])
 
 
@@ -133,10 +132,14 @@ def write_run_files(t: Trainer, run: RunFolder) -> None:
         write_provenance(t, run.path, info, run.manifest, run.resume)
 
 
-def record_epoch(t: Trainer, run: RunFolder, row: dict[str, Any], reporter: Reporter) -> None:
+def record_epoch(t: Trainer, run: RunFolder, row: dict[str, Any], reporter: Reporter) -> bool:
     """metrics.csv row, best.pt when the selection metric improved, then checkpoint.pt (last:
-    it commits; not for epoch 0, which resumes by starting again)."""
+    it commits; not for epoch 0, which resumes by starting again); the row's numbers become
+    t.state's last (and epoch 0's its start). Returns whether this epoch is best.pt's now."""
     epoch = row["epoch"]
+    t.state.last = {k: v for k, v in row.items() if isinstance(v, float)}
+    if epoch == 0:
+        t.state.start = t.state.last
     with writing_in(run.path):
         append_metrics(run.path / "metrics.csv", run.columns, row)
     shown = ", ".join(
@@ -151,11 +154,12 @@ def record_epoch(t: Trainer, run: RunFolder, row: dict[str, Any], reporter: Repo
         reporter.warn(f"epoch {epoch}: {warning}")
     score = selection_score(row, t.cfg.selection)
     best = t.state.best
+    better = False
     with writing_in(run.path):
         # A tie goes to the later epoch: no worse by validation, and trained longer.
         if score is not None and score >= (best.score, best.then):
+            better = True
             t.state.best = Best(epoch, t.state.last, *score)
-            t.best_vectors, t.evaluated = t.evaluated, None
             weights = ckpt.clean_state_dict(t.model)
             ckpt.save(
                 run.path / "best.pt",
@@ -163,17 +167,7 @@ def record_epoch(t: Trainer, run: RunFolder, row: dict[str, Any], reporter: Repo
             )
         if epoch > 0:
             save_state(t, run, epoch)
-
-
-def tensorboard_writer(run_dir: Path) -> Any:
-    """A SummaryWriter into run_dir/tensorboard (`tensorboard --logdir runs/`)."""
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        raise PactlError(
-            "--tensorboard needs tensorboard: pip install 'pactl[tensorboard]'"
-        ) from None
-    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+    return better
 
 
 def log_scalars(writer: Any, row: dict[str, Any]) -> None:

@@ -19,15 +19,9 @@ from pactl.loaders import loader_for
 from pactl.recipe import describe_recipe, resolve_train_config
 from pactl.runs import metric_columns, truncate_metrics, writing_in
 from pactl.training.distributed import barrier, init_world
-from pactl.training.epoch_records import (
-    record_epoch,
-    restore_state,
-    tensorboard_writer,
-    write_run_files,
-)
+from pactl.training.epoch_records import record_epoch, restore_state, write_run_files
 from pactl.training.evaluation import calibrate_checkpoint
 from pactl.training.noise import with_label_noise
-from pactl.training.robust import label_doubt
 from pactl.training.samplers import SAMPLERS, RankSlice
 from pactl.training.splits import (
     Splits,
@@ -38,10 +32,11 @@ from pactl.training.splits import (
     write_split,
 )
 from pactl.training.start import evaluate_start
-from pactl.training.timing import fit_to_budget, over_budget, refit_to_budget
+from pactl.training.timing import Budget, after_epoch, fit_to_budget
 from pactl.training.trainer import (
     RunFolder,
     Trainer,
+    Vectors,
     build_trainer,
     evaluate_epoch,
     train_one_epoch,
@@ -81,15 +76,16 @@ def train_loader(
     )
 
 
-def calibrate_run(t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter) -> None:
-    """best.pt's same-item threshold on the validation classes, else the test classes; a set
-    that cannot be calibrated (one image per class) is a warning, not a failed run."""
+def calibrate_run(
+    t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter, kept: Vectors | None
+) -> None:
+    """best.pt's same-item threshold on the validation classes, else the test classes (from
+    `kept`, the vectors of best.pt's epoch, where there are any); a set that cannot be
+    calibrated (one image per class) is a warning, not a failed run."""
     part, split = (splits.val, "val") if len(splits.val) else (splits.test, "test")
     try:
         with writing_in(run_dir):
-            calibrate_checkpoint(
-                run_dir / "best.pt", part, split, t.cfg, t.device, reporter, t.best_vectors
-            )
+            calibrate_checkpoint(run_dir / "best.pt", part, split, t.cfg, t.device, reporter, kept)
     except PactlError as e:
         reporter.warn(f"best.pt has no same-item calibration: {e}")
 
@@ -133,26 +129,24 @@ def fit(
         world.is_main,
     )  # fmt: skip
     run = RunFolder(run_dir, source, readable, columns, classes, resume)
-    t = build_trainer(model_cfg, cfg, len(classes_present), world)
-    dim = t.model_cfg.dimension or t.model_cfg.embedding_dim
-    t.doubt = label_doubt(cfg.drop_noisy, labels, len(classes_present), dim, t.device)
-    if cfg.tensorboard and world.is_main:
-        t.writer = tensorboard_writer(run_dir)
+    t = build_trainer(model_cfg, cfg, len(classes_present), world, labels, run_dir)
     start = restore_state(t, run_dir) if resume else 0
     if resume:
         truncate_metrics(run_dir / "metrics.csv", start)
         reporter.log(f"resuming {run_dir} after epoch {start}")
     write_run_files(t, run)
     budget = Budget(began, t.cfg) if cfg.time_budget and not resume else None
+    kept = None  # the calibration vectors of the epoch best.pt holds (a resume has none)
     if not resume:
-        reserve, estimate = evaluate_start(t, splits, run, reporter, shared_start)
+        first = evaluate_start(t, splits, run, reporter, shared_start)
+        kept = first.kept
         if budget is not None:
-            budget.reserve = reserve
-            fit_to_budget(t, time.perf_counter() - began, reserve, estimate, reporter)
+            budget.reserve = first.seconds
+            fit_to_budget(t, time.perf_counter() - began, first.seconds, first.estimate, reporter)
             write_run_files(t, run)
-    train_epochs(t, splits, labels, start, run, budget, reporter)
+    kept = train_epochs(t, splits, labels, start, run, budget, reporter, kept)
     if world.is_main:
-        finish_run(t, splits, run_dir, reporter)
+        finish_run(t, splits, run_dir, reporter, kept)
     best = t.state.best
     return TrainResult(run_dir, best.epoch, dict(best.metrics), dict(t.state.last), t.cfg.selection)
 
@@ -167,14 +161,14 @@ def selection_of(cfg: TrainConfig, splits: Splits, reporter: Reporter) -> TrainC
     return dataclasses.replace(cfg, selection="last")
 
 
-@dataclass
-class Budget:
-    """A time budget's clock in a run: when it began, the recipe its plans scale (its first
-    plan's epochs and decay), and the seconds kept for the end of the run."""
+@dataclass(frozen=True)
+class Recorded:
+    """An epoch as the loop goes on from it: its seconds, and whether it is best.pt's now with
+    its calibration vectors (None where it was not evaluated)."""
 
-    began: float
-    recipe: TrainConfig
-    reserve: float = 0.0
+    seconds: float
+    best: bool = False
+    vectors: Vectors | None = None
 
 
 def train_epochs(
@@ -185,23 +179,20 @@ def train_epochs(
     run: RunFolder,
     budget: Budget | None,
     reporter: Reporter,
-) -> None:
+    kept: Vectors | None = None,
+) -> Vectors | None:
     """The epochs from `start` on; with a `budget`, planned again after the first epoch that
-    trains everything, and stopped early when one more would end past it."""
+    trains everything, and stopped early when one more would end past it. Returns the
+    calibration vectors of the epoch best.pt holds (`kept`: those it held before)."""
     epoch = start
     while epoch < t.cfg.epochs:  # a budget's second plan may change t.cfg.epochs
-        seconds = train_epoch(t, splits, labels, epoch, run, reporter)
-        if budget is not None:
-            elapsed = time.perf_counter() - budget.began
-            if epoch == t.cfg.warmup_epochs:
-                done = epoch + 1
-                refit_to_budget(t, budget.recipe, elapsed, done, seconds, budget.reserve, reporter)
-                write_run_files(t, run)
-            if over_budget(t, elapsed, seconds, budget.reserve, epoch, reporter):
-                t.cfg = dataclasses.replace(t.cfg, epochs=epoch + 1)
-                write_run_files(t, run)
-                break
+        recorded = train_epoch(t, splits, labels, epoch, run, reporter)
+        if recorded.best:
+            kept = recorded.vectors
+        if budget is not None and after_epoch(t, budget, epoch, recorded.seconds, run, reporter):
+            break
         epoch += 1
+    return kept
 
 
 def train_epoch(
@@ -211,36 +202,38 @@ def train_epoch(
     epoch: int,
     run: RunFolder,
     reporter: Reporter,
-) -> float:
-    """One epoch: its steps, its evaluation (on schedule), its row, best.pt and checkpoint.pt.
-    Returns its seconds."""
+) -> Recorded:
+    """One epoch: its steps, its evaluation (on schedule), its row, best.pt and checkpoint.pt."""
     cfg = t.cfg
     began = time.perf_counter()
     lr = t.optimizer.param_groups[0]["lr"]
     loss = train_one_epoch(t, train_loader(splits.train, labels, t, epoch), epoch, reporter)
     row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss, "lr": lr}
     last = epoch + 1 == cfg.epochs
-    t.evaluated = None  # an epoch left unevaluated (--eval-every) has no vectors of its own
+    vectors = None  # an epoch left unevaluated (--eval-every) has no vectors of its own
     if t.world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):
         nmi = last or len(np.unique(splits.test.labels)) <= 1000
-        row.update(evaluate_epoch(t, splits, reporter, nmi))
+        evaluated = evaluate_epoch(t, splits, reporter, nmi)
+        row.update(evaluated.metrics)
+        vectors = evaluated.vectors
     row["seconds"] = time.perf_counter() - began
-    if t.world.is_main:
-        t.state.last = {k: v for k, v in row.items() if isinstance(v, float)}
-        record_epoch(t, run, row, reporter)
+    best = t.world.is_main and record_epoch(t, run, row, reporter)
     barrier(t.world)
-    return float(row["seconds"])
+    return Recorded(float(row["seconds"]), best, vectors)
 
 
-def finish_run(t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter) -> None:
-    """After the last epoch: curves.png, the TensorBoard file closed, best.pt calibrated."""
+def finish_run(
+    t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter, kept: Vectors | None = None
+) -> None:
+    """After the last epoch: curves.png, the TensorBoard file closed, best.pt calibrated (from
+    `kept`, the vectors of best.pt's epoch, where there are any)."""
     from pactl.report import plot_curves
 
     with writing_in(run_dir):
         plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
     if t.writer is not None:
         t.writer.close()
-    calibrate_run(t, splits, run_dir, reporter)
+    calibrate_run(t, splits, run_dir, reporter, kept)
     unlike = disagreement(t.state.best.metrics, splits)
     if unlike is not None:
         reporter.warn(unlike)

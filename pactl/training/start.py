@@ -6,6 +6,7 @@ sweep points that start alike (pactl.training.start_cache).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,24 +21,37 @@ from pactl.training.distributed import barrier
 from pactl.training.epoch_records import record_epoch
 from pactl.training.splits import Splits
 from pactl.training.timing import estimate_epoch
-from pactl.training.trainer import RunFolder, Trainer, evaluate_epoch, on_device
+from pactl.training.trainer import RunFolder, Trainer, Vectors, evaluate_epoch, on_device
+
+
+@dataclass(frozen=True)
+class EpochZero:
+    """Epoch 0 as the run goes on from it: its seconds, an epoch's estimated duration (None
+    where no step could be timed), and its calibration vectors where it is best.pt's (None
+    otherwise, and where its row was a shared start's)."""
+
+    seconds: float
+    estimate: float | None
+    kept: Vectors | None = None
 
 
 def evaluate_start(
     t: Trainer, splits: Splits, run: RunFolder, reporter: Reporter, shared: Path | None = None
-) -> tuple[float, float | None]:
+) -> EpochZero:
     """Epoch 0: the network before its first step, the start every later epoch is compared
     with (read from `shared` where a run that started alike stored it); then an estimate of an
-    epoch's duration. Returns (epoch 0's seconds, the estimate)."""
+    epoch's duration."""
     if t.model_cfg.weights == "none" and not t.cfg.freeze_bn:
         calibrate_batchnorm(t, splits.train, shared=shared, reporter=reporter)
     row: dict[str, Any] = {"epoch": 0, "seconds": 0.0}
+    vectors = None
     if t.world.is_main:
-        row.update(start_metrics(t, splits, run.path, reporter, shared))
+        metrics, vectors = start_metrics(t, splits, run.path, reporter, shared)
+        row.update(metrics)
     estimate = estimate_epoch(t, splits.train, len(run.classes), row["seconds"])
+    best = False
     if t.world.is_main:
-        t.state.start = t.state.last = {k: v for k, v in row.items() if isinstance(v, float)}
-        record_epoch(t, run, row, reporter)
+        best = record_epoch(t, run, row, reporter)
         about = "?" if estimate is None else duration_words(estimate)
         reporter.log(f"about {about} per epoch (a timed step with its decoding, and evaluation)")
         if row.get("val_recall@1") == 1.0 and row.get("val_map@r") == 1.0:
@@ -47,14 +61,15 @@ def evaluate_start(
                 "out more classes with --val-classes"
             )
     barrier(t.world)
-    return row["seconds"], estimate
+    return EpochZero(row["seconds"], estimate, vectors if best else None)
 
 
 def start_metrics(
     t: Trainer, splits: Splits, run_dir: Path, reporter: Reporter, shared: Path | None
-) -> dict[str, float]:
-    """Epoch 0's metrics and the seconds they took: evaluated, or (with `shared`) the row a run
-    whose network started alike stored there, and stored there when evaluated."""
+) -> tuple[dict[str, float], Vectors | None]:
+    """Epoch 0's metrics and the seconds they took, with the calibration vectors: evaluated,
+    or (with `shared`) the row a run whose network started alike stored there (no vectors
+    then), and stored there when evaluated."""
     from pactl.training import start_cache
     from pactl.training.provenance import data_fingerprint
 
@@ -68,18 +83,20 @@ def start_metrics(
     found = start_cache.read_row(shared, key)
     if found is not None:
         reporter.log(f"epoch 0: the network starts as {found.run}'s did; its row is reused")
-        return found.row
-    row = timed_evaluation(t, splits, reporter)
+        return found.row, None
+    row, vectors = timed_evaluation(t, splits, reporter)
     why = start_cache.write_row(shared, key, start_cache.SharedRow(row, run_dir.name))
     if why is not None:
         reporter.log(f"epoch 0 not shared: {why}")
-    return row
+    return row, vectors
 
 
-def timed_evaluation(t: Trainer, splits: Splits, reporter: Reporter) -> dict[str, float]:
+def timed_evaluation(
+    t: Trainer, splits: Splits, reporter: Reporter
+) -> tuple[dict[str, float], Vectors | None]:
     began = time.perf_counter()
-    row = evaluate_epoch(t, splits, reporter, nmi=True)
-    return {**row, "seconds": time.perf_counter() - began}
+    evaluated = evaluate_epoch(t, splits, reporter, nmi=True)
+    return {**evaluated.metrics, "seconds": time.perf_counter() - began}, evaluated.vectors
 
 
 def device_words(device: torch.device) -> str:

@@ -1,13 +1,15 @@
 """A time budget's plans in a running fit(): the first after epoch 0 (fit_to_budget), the
 second after the first epoch that trains everything (refit_to_budget), the early stop
-(over_budget), and the epoch's estimated duration they start from (pactl.budget does the
-arithmetic).
+(over_budget, after_epoch), and the epoch's estimated duration they start from (pactl.budget
+does the arithmetic). This is the one module that writes a run's schedule (Trainer.schedule:
+its settings as planned so far, and the scheduler that follows them).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -19,11 +21,18 @@ from pactl.model import freeze_batchnorm
 from pactl.recipe import describe_schedule
 from pactl.runtime import autocast
 from pactl.training.distributed import agree
-from pactl.training.trainer import (
-    Trainer,
-    make_scheduler,
-    on_device,
-)
+from pactl.training.epoch_records import write_run_files
+from pactl.training.trainer import RunFolder, Trainer, make_scheduler, on_device
+
+
+@dataclass
+class Budget:
+    """A time budget's clock in a run: when it began, the recipe its plans scale (its first
+    plan's epochs and decay), and the seconds kept for the end of the run."""
+
+    began: float
+    recipe: TrainConfig
+    reserve: float = 0.0
 
 
 def fit_to_budget(
@@ -40,13 +49,13 @@ def fit_to_budget(
         cfg.time_budget, elapsed, per_epoch, eval_seconds,
         cfg.epochs, cfg.lr_decay_step, cfg.warmup_epochs,
     )  # fmt: skip
-    t.cfg = dataclasses.replace(
+    t.schedule.cfg = dataclasses.replace(
         cfg,
         epochs=chosen.epochs,
         lr_decay_step=chosen.lr_decay_step,
         warmup_epochs=chosen.warmup_epochs,
     )
-    t.scheduler = make_scheduler(t.optimizer, t.cfg)
+    t.schedule.scheduler = make_scheduler(t.optimizer, t.cfg)
     reporter.log(
         f"time budget {duration_words(cfg.time_budget)}: {duration_words(elapsed)} spent, about "
         f"{duration_words(per_epoch)} per epoch: {counted(chosen.epochs, 'epoch')}, "
@@ -81,7 +90,7 @@ def refit_to_budget(
     before = t.cfg
     if chosen.epochs == done:  # no room left: the run ends with the schedule it ran
         if done < before.epochs:
-            t.cfg = dataclasses.replace(before, epochs=done)
+            t.schedule.cfg = dataclasses.replace(before, epochs=done)
             took, budget_words = duration_words(seconds), duration_words(before.time_budget)
             reporter.warn(
                 f"stopping after epoch {done} of {before.epochs}: it took {took}, "
@@ -90,14 +99,34 @@ def refit_to_budget(
         return
     if (chosen.epochs, chosen.lr_decay_step) == (before.epochs, before.lr_decay_step):
         return
-    t.cfg = dataclasses.replace(before, epochs=chosen.epochs, lr_decay_step=chosen.lr_decay_step)
-    t.scheduler = make_scheduler(t.optimizer, t.cfg, done)
+    t.schedule.cfg = dataclasses.replace(
+        before, epochs=chosen.epochs, lr_decay_step=chosen.lr_decay_step
+    )
+    t.schedule.scheduler = make_scheduler(t.optimizer, t.cfg, done)
     took, spent = duration_words(seconds), duration_words(elapsed)
     reporter.log(
         f"time budget {duration_words(before.time_budget)}: epoch {done} took {took}, "
         f"{spent} spent: {counted(chosen.epochs, 'epoch')} instead of "
         f"{before.epochs}, " + describe_schedule(t.cfg).removeprefix("schedule: ")
     )
+
+
+def after_epoch(
+    t: Trainer, budget: Budget, epoch: int, seconds: float, run: RunFolder, reporter: Reporter
+) -> bool:
+    """The budget's check after `epoch` (0-based), which took `seconds`: planned again after the
+    first epoch that trains everything, and the schedule ended here when one more epoch would
+    end past the budget; config.json says the schedule after each. Returns whether the run
+    stops here."""
+    elapsed = time.perf_counter() - budget.began
+    if epoch == t.cfg.warmup_epochs:
+        refit_to_budget(t, budget.recipe, elapsed, epoch + 1, seconds, budget.reserve, reporter)
+        write_run_files(t, run)
+    if not over_budget(t, elapsed, seconds, budget.reserve, epoch, reporter):
+        return False
+    t.schedule.cfg = dataclasses.replace(t.cfg, epochs=epoch + 1)
+    write_run_files(t, run)
+    return True
 
 
 def over_budget(

@@ -21,6 +21,7 @@ from pactl.model import EmbeddingNet, build_model, freeze_batchnorm
 from pactl.runtime import autocast, resolve_device
 from pactl.training.distributed import World, gather_batch, share_sizes
 from pactl.training.evaluation import score_network
+from pactl.training.robust import LabelDoubt, label_doubt
 from pactl.training.splits import Splits
 
 
@@ -69,27 +70,58 @@ class RunFolder:
     resume: bool = False
 
 
+# A split's vectors and labels as an evaluation leaves them: ((N, D) float32 unit rows, (N,)).
+Vectors = tuple[np.ndarray, np.ndarray]
+
+
 @dataclass
+class Schedule:
+    """What the run trains by now: its settings and the learning-rate scheduler that follows
+    them. The recipe's at first; then a time budget's plans and its early stop change them, and
+    pactl.training.timing is the one module that does."""
+
+    cfg: TrainConfig
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+@dataclass(frozen=True)
 class Trainer:
-    """Everything one epoch needs; built once by fit()."""
+    """Everything one epoch needs, built once by build_trainer and never replaced. What changes
+    during a run lives in two records, each written by one module: `schedule` (timing.py: the
+    budget's plans, the early stop) and `state` (epoch_records.py: what each recorded epoch
+    leaves, and a resumed run's). The calibration vectors are no part of it: evaluate_epoch
+    returns them, and the loop keeps those of the epoch best.pt holds."""
 
     model: nn.Module  # EmbeddingNet, possibly wrapped by DDP / torch.compile
     net: EmbeddingNet  # the bare network (for state_dicts and warm-up)
     criterion: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
     device: torch.device
     world: World
-    cfg: TrainConfig
     model_cfg: ModelConfig
+    schedule: Schedule
+    doubt: LabelDoubt | None = None  # --drop-noisy's memory of the training embeddings
     writer: Any = None  # a TensorBoard SummaryWriter with --tensorboard (first process only)
-    # The calibration split's (vectors, labels) from the latest evaluation, and from best.pt's:
-    # its same-item calibration reads them instead of embedding the split once more.
-    evaluated: tuple[np.ndarray, np.ndarray] | None = None
-    best_vectors: tuple[np.ndarray, np.ndarray] | None = None
     state: RunState = field(default_factory=RunState)
-    doubt: Any = None  # --drop-noisy's memory (pactl.training.robust.LabelDoubt)
+
+    @property
+    def cfg(self) -> TrainConfig:
+        """The settings the run trains by now (the schedule's)."""
+        return self.schedule.cfg
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.schedule.scheduler
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """An evaluation of the network: the test metrics and the validation ones (prefixed val_),
+    and the vectors of the split that calibrates best.pt (validation, else test)."""
+
+    metrics: dict[str, float]
+    vectors: Vectors | None
 
 
 def param_groups(net: EmbeddingNet, criterion: nn.Module, cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -124,8 +156,16 @@ def build_criterion(model_cfg: ModelConfig, cfg: TrainConfig, num_classes: int) 
 
 
 def build_trainer(
-    model_cfg: ModelConfig, cfg: TrainConfig, num_classes: int, world: World
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    num_classes: int,
+    world: World,
+    labels: np.ndarray | None = None,
+    run_dir: Path | None = None,
 ) -> Trainer:
+    """The network, its loss, optimiser and schedule on the run's device; with `labels` (the
+    training labels, 0..C-1) --drop-noisy's memory of them, and with `run_dir` --tensorboard's
+    writer into it (on the first process)."""
     device = resolve_device(cfg.device)
     if device.type == "cuda" and world.enabled:
         device = torch.device("cuda", world.local_rank)
@@ -139,7 +179,7 @@ def build_trainer(
     optimizer = torch.optim.AdamW(
         param_groups(net, criterion, cfg), lr=cfg.lr, weight_decay=cfg.weight_decay
     )
-    scheduler = make_scheduler(optimizer, cfg)
+    schedule = Schedule(cfg, make_scheduler(optimizer, cfg))
     model: nn.Module = net
     if world.enabled and cfg.sync_bn:
         # Each GPU sees its share of the batch: BatchNorm that trains should see all of it.
@@ -152,9 +192,27 @@ def build_trainer(
     if cfg.compile:
         model = torch.compile(model)  # type: ignore[assignment]
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp == "fp16")
-    return Trainer(
-        model, net, criterion, optimizer, scheduler, scaler, device, world, cfg, model_cfg
+    dim = model_cfg.dimension or model_cfg.embedding_dim
+    doubt = (
+        None if labels is None else label_doubt(cfg.drop_noisy, labels, num_classes, dim, device)
     )
+    writer = None
+    if run_dir is not None and cfg.tensorboard and world.is_main:
+        writer = tensorboard_writer(run_dir)
+    return Trainer(
+        model, net, criterion, optimizer, scaler, device, world, model_cfg, schedule, doubt, writer
+    )
+
+
+def tensorboard_writer(run_dir: Path) -> Any:
+    """A SummaryWriter into run_dir/tensorboard (`tensorboard --logdir runs/`)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise PactlError(
+            "--tensorboard needs tensorboard: pip install 'pactl[tensorboard]'"
+        ) from None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
 
 def make_scheduler(
@@ -240,11 +298,11 @@ def train_one_epoch(
     return float(np.mean(losses)) if losses else float("nan")
 
 
-def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) -> dict[str, float]:
+def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) -> Evaluated:
     """Test metrics, and validation ones prefixed with val_ (a --bits network's: its codes'
-    by Hamming distance); the vectors of the split that calibrates best.pt (validation, else
-    test) kept in t.evaluated."""
-    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    by Hamming distance), with the vectors of the split that calibrates best.pt (validation,
+    else test)."""
+    kept: list[Vectors] = []
     val = len(splits.val) > 0
     codes = t.model_cfg.bits > 0
     scores = score_network(
@@ -257,5 +315,4 @@ def evaluate_epoch(t: Trainer, splits: Splits, reporter: Reporter, nmi: bool) ->
             codes=codes,
         )  # fmt: skip
         scores.update({f"val_{k}": v for k, v in found.items() if k != "mean_cos"})
-    t.evaluated = kept[0] if kept else None
-    return scores
+    return Evaluated(scores, kept[0] if kept else None)
