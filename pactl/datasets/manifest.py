@@ -185,14 +185,15 @@ def _build(
 
 
 def _row_path(value: str, source: str, line: int) -> str:
-    """A row's path in POSIX form: absolute as written, or relative and inside the manifest's
-    folder (`..` and drive letters refused)."""
+    """A row's path as Linux reads it: absolute as written, or relative and inside the
+    manifest's folder (a `..` part refused). Only `/` separates: a backslash or a colon is a
+    character of a name (`10:30/a.png`, `a\\b.png`), as `pactl embed` and the kernel read it."""
     if not value:
         raise PactlError(f"{source} line {line}: empty path")
-    posix = PurePosixPath(value.replace("\\", "/"))
+    posix = PurePosixPath(value)
     if posix.is_absolute():
         return str(posix)
-    if ".." in posix.parts or (posix.parts and ":" in posix.parts[0]):
+    if ".." in posix.parts:
         raise PactlError(
             f"{source} line {line}: path {value!r} leaves the manifest's folder; "
             "paths must be relative to the CSV's folder (no `..`) or absolute"
@@ -278,7 +279,7 @@ def split_by_class(names: Sequence[str], groups: Sequence[str] = ()) -> list[str
 
 
 def _draw(name: str) -> str:
-    return hashlib.sha256(f"{SPLIT_SEED}\0{name}".encode()).hexdigest()
+    return hashlib.sha256(f"{SPLIT_SEED}\0{name}".encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def manifest_from_folder(
