@@ -99,6 +99,7 @@ def test_the_service_client_loads_only_the_standard_library_and_the_results() ->
         "pactl.version",
         "pactl.serve",
         "pactl.serve.client",
+        "pactl.store",  # the wing's docstring only
         "pactl.results",
         "pactl.errors",
         "pactl.store.regular_files",
