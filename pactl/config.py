@@ -270,8 +270,12 @@ class IndexConfig:
         8.0,
         number(0, 1e6, above=True),
         "The default index must fit in this much memory.",
-        cli=False,
+        option="--memory-budget",
     )
+    query_budget_ms: float = setting(
+        10.0, number(0, 1e6, above=True),
+        "Milliseconds a query may take (batched) at the tuned search setting.",
+    )  # fmt: skip
     on_disk: str = setting(
         "auto", choice(*ON_DISK_NAMES),
         "Shards' IVF lists merged on disk (auto: over budget).",

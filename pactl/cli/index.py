@@ -81,6 +81,21 @@ def index(
         float,
         typer.Option(min=0.0, max=1.0, help="Recall@10 against exact search a tuned index needs."),
     ] = 0.95,
+    memory_budget: Annotated[
+        float,
+        typer.Option(
+            metavar="GB",
+            help="The default index must fit in this much memory (it chooses the factory).",
+        ),
+    ] = 8.0,
+    query_budget_ms: Annotated[
+        float,
+        typer.Option(
+            metavar="MS",
+            help="Milliseconds a query may take (batched) at the tuned setting; tuning stops "
+            "there and says so when the target needs more.",
+        ),
+    ] = 10.0,
     split: Annotated[str | None, typer.Option(help="Only this split of a manifest.")] = None,
     add: Annotated[
         Path | None,
@@ -201,7 +216,8 @@ def index(
     from pactl.verbs.index import index_images, index_latest_run, index_vectors
 
     log = reporter(quiet)
-    config = index_config(factory, target_recall, on_disk, faiss_device)
+    budgets = (memory_budget, query_budget_ms)
+    config = index_config(factory, target_recall, on_disk, faiss_device, budgets)
     config = binary_options(config, binary, bits, Rotation(rotation).value, rescore)
     embedding = EmbedConfig(device=device, follow_links=follow_links)
     check_option("--device", device, TRAIN_RULES["device"])
@@ -251,7 +267,11 @@ def is_vectors_folder(path: Path) -> bool:
 
 
 def index_config(
-    factory: str | None, target_recall: float, on_disk: OnDisk, faiss_device: FaissDevice
+    factory: str | None,
+    target_recall: float,
+    on_disk: OnDisk,
+    faiss_device: FaissDevice,
+    budgets: tuple[float, float] = (8.0, 10.0),
 ) -> IndexConfig:
     """The options as an IndexConfig, checked before any embedding: a factory FAISS cannot
     parse, or --faiss-device gpu on a machine without one, is said at once."""
@@ -260,6 +280,8 @@ def index_config(
         target_recall=target_recall,
         on_disk=on_disk.value,
         faiss_device=faiss_device.value,
+        memory_budget_gb=budgets[0],
+        query_budget_ms=budgets[1],
     )
     check(config, option_name, UsageError)
     if factory is not None:

@@ -108,7 +108,9 @@ def build_parts(
     rng = np.random.default_rng(seed)
     trained_on = train_index(index, parts, rng, seed, reporter, factory, gpus)
     add_parts(index, parts, reporter, gpus)
-    tuning = tune_search(index, parts, config.target_recall, rng, reporter, gpus)
+    tuning = tune_search(
+        index, parts, config.target_recall, rng, reporter, gpus, config.query_budget_ms
+    )
     seconds = time.perf_counter() - started
     where = f" on {gpus} GPU(s)" if gpus else ""
     reporter.log(f"built {factory} over {counted(n, 'vector')} in {seconds:.1f} s{where}")

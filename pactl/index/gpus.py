@@ -9,11 +9,7 @@ import faiss
 from pactl.errors import PactlError
 
 FAISS_DEVICES = ("auto", "cpu", "gpu")  # auto: the GPUs when this FAISS has any, else the CPU
-
-
 GPU_MAX_K = 2048  # the most hits a FAISS GPU search selects per query (GPU_MAX_SELECTION_K)
-
-
 GPU_INSTALL = "pip install 'pactl[gpu]' (see docs/cli.md, pactl index --faiss-device)"
 
 

@@ -90,7 +90,9 @@ def build_ondisk_index(
         del shards
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    tuning = tune_search(index, parts, config.target_recall, rng, reporter)
+    tuning = tune_search(
+        index, parts, config.target_recall, rng, reporter, query_budget_ms=config.query_budget_ms
+    )
     seconds = time.perf_counter() - started
     reporter.log(
         f"built {factory} over {counted(n, 'vector')} of {counted(len(parts), 'shard')} in "

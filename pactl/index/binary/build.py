@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,7 +40,14 @@ from pactl.index.mapped import (
     unit_blocks,
 )
 from pactl.index.search import exclude_by_id
-from pactl.index.tune import RECALL_K, TUNING_QUERIES, Knob, ann_recall, smallest_setting
+from pactl.index.tune import (
+    RECALL_K,
+    TUNING_QUERIES,
+    Climb,
+    Knob,
+    ann_recall,
+    shortfall_words,
+)
 
 FLOATS_FILE = "floats.npy"  # the bundle's float vectors, row i = item row i: rescoring reads them
 ROTATION_FILE = "rotation.npy"  # the map before the signs (pactl.codes.rotation.Rotation)
@@ -320,18 +328,28 @@ def tune_binary(
         more = RESCORE_MARGIN if knob is not None else 0.0
         tried = (queries, own, truth)
         depth = _tuned_depth(binary, tried, k, widest, min(1.0, aim + more), reporter)
-    if knob is None:
-        params, recall = "", measure(depth, "")
-        reached = recall >= target
-    else:
-        found = smallest_setting(knob, lambda p: measure(depth, p), aim, reporter)
-        params, recall = knob.params(found[0]), found[1]
-        reached = recall >= target
+
+    def timed(params: str) -> tuple[float, float]:
+        start = time.perf_counter()
+        recall = measure(depth, params)
+        return recall, 1000 * (time.perf_counter() - start) / len(queries)
+
+    climb = Climb(knob, timed, aim, config.query_budget_ms, reporter, None)
+    choice = climb.run()
+    params, recall = choice.params, choice.recall
+    reached = recall >= target
     hamming = measure(0, params)
     apply_search_params(binary.codes, params)
     if not reached:
-        reporter.log(f"recall@10 {recall:.4f} is below the target {target}: best these codes give")
-    record.update(search_params=params, recall_at_10=recall, target_reached=reached)
+        reporter.warn(shortfall_words(choice, target, config.query_budget_ms))
+    record.update(
+        search_params=params,
+        recall_at_10=recall,
+        target_reached=reached,
+        limited_by=None if reached else (choice.limited_by or "codes"),
+        query_budget_ms=config.query_budget_ms,
+        operating_points=[point.record() for point in climb.points],
+    )
     facts = {"hamming_recall_at_10": round(hamming, 4)}
     return binary.with_rescore(depth), {**record, "tuning_queries": len(rows), "binary": facts}
 
@@ -356,7 +374,8 @@ def _tuned_depth(
         return _recall(binary, tried, k, int(setting.partition("=")[2]), pool)
 
     knob = Knob("rescore", 1, MAX_TUNED_RESCORE, lambda f: f"rescore={f}")
-    return smallest_setting(knob, measure, aim, reporter)[0]
+    choice = Climb(knob, lambda s: (measure(s), 0.0), aim, math.inf, reporter, None).run()
+    return choice.point.setting if choice.point is not None else MAX_TUNED_RESCORE
 
 
 def _recall(
