@@ -201,3 +201,20 @@ def test_prose_reads_comments_and_docstrings_but_not_code() -> None:
     )
     texts = " ".join(text for _, text in prose(source))
     assert sorted(DOTTED.findall(texts)) == ["pactl.a.b", "pactl.c.d", "pactl.e.f"]
+
+
+def test_the_tests_map_names_every_module_and_every_test_file() -> None:
+    """tests/README.md has a row for each module of pactl and no row for a module that is gone,
+    and names each test file there is and none that is not."""
+    readme = Path(__file__).with_name("README.md").read_text()
+    rows = dict(re.findall(r"^\| (pactl[\w.]*) \| (.*) \|$", readme, re.MULTILINE))
+    found = {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+        for p in PACKAGE.rglob("*.py")
+    }
+    assert sorted(found - set(rows)) == [], "modules without a row"
+    assert sorted(set(rows) - found) == [], "rows for modules that are gone"
+    named = set(re.findall(r"\btest_\w+\.py\b", readme))
+    files = {p.name for p in Path(__file__).parent.glob("test_*.py")}
+    assert sorted(named - files) == [], "test files named that do not exist"
+    assert sorted(files - named) == [], "test files the map does not name"
