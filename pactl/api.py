@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         TripletMarginLoss,
         optimizer_groups,
     )
+    from pactl.verbs.query import QueryModel
 
     # A query: an image file's path, a PIL image, or a tensor of one image (3, S, S) or a
     # batch (B, 3, S, S) already preprocessed as Index.preprocess does.
@@ -114,25 +115,31 @@ class Index:
     """An open bundle and the network that made it (opened once; queries reuse both).
 
     Use open_index(). `bundle` is the pactl.index.Bundle as loaded; add, delete and compact
-    write a new generation of the folder and load it again.
+    write a new generation of the folder and load it again. A bundle of another tool's vectors
+    records no network: search() answers, and what would embed images says what to pass.
     """
 
     @checked()
     def __init__(
         self,
         path: str | Path,
-        checkpoint: str | Path | None = None,
+        checkpoint: str | Path | ModelConfig | None = None,
         device: str = "auto",
         faiss_device: str = "auto",
         progress: bool = False,
     ) -> None:
-        from pactl.verbs.query import open_query_model
+        from pactl.index import load_bundle
+        from pactl.verbs.lineage import records_network
+        from pactl.verbs.query import with_network
 
         self.path = Path(path)
         self.device_name, self.faiss_device = device, faiss_device
         self.reporter = _reporter(progress)
-        ckpt = Path(checkpoint) if checkpoint is not None else None
-        self.opened = open_query_model(self.path, ckpt, device, faiss_device)
+        source = _model_source(checkpoint) if checkpoint is not None else None
+        self._bundle = load_bundle(self.path, faiss_device=faiss_device)
+        self.opened: QueryModel | None = None  # None: no network recorded nor given
+        if source is not None or records_network(self._bundle.meta):
+            self.opened = with_network(self._bundle, self.path, source, device)
         self._transform: Any = None
 
     def __len__(self) -> int:
@@ -145,20 +152,29 @@ class Index:
     @property
     def bundle(self) -> Bundle:
         """The pactl.index.Bundle as loaded (reloaded after add, delete and compact)."""
-        return self.opened.bundle
+        return self._bundle
+
+    def _network(self, who: str = "Index.query") -> QueryModel:
+        """The bundle with its network; one line for a bundle that records none."""
+        from pactl.verbs.lineage import no_network
+        from pactl.verbs.query import OPEN_INSTEAD
+
+        if self.opened is None:
+            raise no_network(self.path, who, OPEN_INSTEAD)
+        return self.opened
 
     @property
     def model(self) -> torch.nn.Module:
         """The bundle's network, on `device`."""
-        return self.opened.model
+        return self._network("Index.model").model
 
     @property
     def model_config(self) -> ModelConfig:
-        return self.opened.config
+        return self._network("Index.model_config").config
 
     @property
     def device(self) -> torch.device:
-        return self.opened.device
+        return self._network("Index.device").device
 
     @property
     def dimension(self) -> int:
@@ -183,6 +199,7 @@ class Index:
         does. `rescore`: a binary bundle's candidates per hit rescored by cosine, as `pactl
         query --rescore` (0: Hamming order). An image file that cannot be read is a PactlError
         naming it."""
+        self._network()
         queries = _as_list(images)
         is_file = [isinstance(q, str | Path) for q in queries]
         files = [i for i, named in enumerate(is_file) if named]
@@ -204,7 +221,8 @@ class Index:
         from pactl.verbs.query import answer_chunks
 
         rows: list[list[Hit]] = []
-        found = answer_chunks(self.opened, files, k, exclude_self, self.reporter, rescore=rescore)
+        opened = self._network()
+        found = answer_chunks(opened, files, k, exclude_self, self.reporter, rescore=rescore)
         for chunk in found:
             if chunk.failed:
                 name, reason = chunk.failed[0]
@@ -239,6 +257,7 @@ class Index:
 
         from pactl.embed import embed_decoded
 
+        self._network("Index.vectors_of")
         batch = [self.preprocess(q) if not isinstance(q, torch.Tensor) else q for q in images]
         stacked = torch.cat([t if t.dim() == 4 else t.unsqueeze(0) for t in batch])
         side = self.model_config.image_size
@@ -257,7 +276,7 @@ class Index:
         from pactl.transforms import build_transform
 
         if self._transform is None:
-            cfg = self.model_config
+            cfg = self._network("Index.preprocess").config
             assert cfg.mean is not None and cfg.std is not None
             self._transform = build_transform(
                 cfg.image_size,
@@ -304,7 +323,9 @@ class Index:
         """Load the bundle's current generation (another process may have written one)."""
         from pactl.index import load_bundle
 
-        self.opened.bundle = load_bundle(self.path, faiss_device=self.faiss_device)
+        self._bundle = load_bundle(self.path, faiss_device=self.faiss_device)
+        if self.opened is not None:
+            self.opened.bundle = self._bundle
 
 
 def _as_list(images: Any) -> list[Any]:
@@ -326,14 +347,16 @@ def _name_of(query: Any, position: int) -> str:
 @checked()
 def open_index(
     path: str | Path,
-    checkpoint: str | Path | None = None,
+    checkpoint: str | Path | ModelConfig | None = None,
     device: str = "auto",
     faiss_device: str = "auto",
     progress: bool = False,
 ) -> Index:
     """Open a bundle (`pactl index`'s output) and its network, as `pactl query --index` does:
-    the checkpoint recorded in the bundle unless `checkpoint` is given, refused when its
-    weights are not the ones that made the bundle."""
+    the checkpoint recorded in the bundle unless `checkpoint` (a file, or a backbone's
+    ModelConfig) is given, refused when its weights are not the ones that made the bundle. A
+    bundle of another tool's vectors records no network: it opens for Index.search, and
+    `checkpoint` (then taken on your word, of its dimension) lets Index.query embed images."""
     return Index(path, checkpoint, device, faiss_device, progress)
 
 

@@ -282,9 +282,12 @@ def open_network(source: ModelSource) -> tuple[nn.Module, Network]:
     return model, Network(config, fingerprint(clean_state_dict(model)), None)
 
 
-def network_of(meta: dict[str, Any], checkpoint: Path | None = None) -> tuple[nn.Module, Network]:
-    """The network that made the vectors or bundle of `meta` (or `checkpoint` instead of the
-    recorded one); a network with other weights than those recorded is refused."""
+def network_of(
+    meta: dict[str, Any], checkpoint: ModelSource | None = None
+) -> tuple[nn.Module, Network]:
+    """The network that made the vectors or bundle of `meta` (or `checkpoint`, a file or a
+    backbone's config, instead of the recorded one); a network with other weights than those
+    recorded is refused."""
     recorded = meta.get("checkpoint")
     if checkpoint is None and recorded:
         checkpoint = Path(recorded)
@@ -293,8 +296,9 @@ def network_of(meta: dict[str, Any], checkpoint: Path | None = None) -> tuple[nn
     )
     model, network = open_network(source)
     if network.fingerprint != meta.get("fingerprint"):
+        named = source if isinstance(source, Path) else "the backbone"
         raise PactlError(
-            f"{checkpoint or 'the backbone'} is not the network that made these vectors "
+            f"{named} is not the network that made these vectors "
             f"(weights fingerprint {network.fingerprint[:12]} vs "
             f"{str(meta.get('fingerprint'))[:12]}); use the same checkpoint or weights, or "
             "embed again"

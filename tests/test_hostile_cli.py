@@ -528,7 +528,7 @@ def test_click_usage_errors_are_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for args, named in [
-        (["query"], "Missing argument"),
+        (["query"], "give query images"),
         (["no-such-verb"], "No such command"),
         (["query", "x.png", "--format", "xml"], "--format"),
     ]:

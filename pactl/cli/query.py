@@ -38,9 +38,9 @@ if TYPE_CHECKING:  # the library's heavy side is imported by the commands that u
 
 def query(
     images: Annotated[
-        list[str],
+        list[str] | None,
         typer.Argument(help="Image files or folders; '-' reads paths from stdin."),
-    ],
+    ] = None,
     k: Annotated[
         int, typer.Option("--k", "-k", min=1, max=MAX_K, help="Neighbours per query.")
     ] = 4,
@@ -129,6 +129,15 @@ def query(
             "scored 1 - 2 x distance / bits.",
         ),
     ] = None,
+    vectors: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE.npy|-",
+            help="Query vectors instead of images: an (N, dimension) array of unit rows from "
+            "the network that made the bundle's vectors, as .npy ('-': read from stdin). A "
+            "hit's query is its row number.",
+        ),
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Top-k most similar indexed images for each query image, on stdout.
@@ -148,42 +157,40 @@ def query(
       pactl query new.jpg --same-item --k 10   # already indexed?
       pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
       pactl query img.png --index codes/ --rescore 0   # binary: Hamming order
+      pactl query --vectors queries.npy --index clip_index/   # vectors of your own
     """
     from pactl.output import HitWriter
     from pactl.verbs.query import find_bundle, query_chunks
 
     log = reporter(quiet)
+    images = images or []
     check_option("--device", device, TRAIN_RULES["device"])
     check_query_io(images, grid, overwrite)
     check_query_format(images, fmt, paths_only, null, same_item, threshold)
     check_qdrant(qdrant, collection, rescore)
+    chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
+    writer = HitWriter(out, sys.stdout, chosen, paths_only, null)
+    if vectors is not None:
+        check_vector_query(images, checkpoint, grid, server, qdrant, exclude_self, device)
+        searched = (faiss_device.value, same_item, threshold, rescore)
+        with_vectors(vectors, index_dir, k, writer, log, searched)
+        return
+    if not images:
+        raise UsageError("give query images (files, folders, '-' for paths on stdin) or --vectors")
     if server is not None:
-        if qdrant is not None:
-            raise UsageError("--server searches the service's bundle: drop --qdrant")
         local = {"--index": index_dir, "--checkpoint": checkpoint, "--grid": grid}
         given = [name for name, value in local.items() if value is not None]
         given += ["--device"] if device != "auto" else []
         given += ["--faiss-device"] if faiss_device.value != "auto" else []
         given += ["--threshold"] if threshold is not None else []
-        if given:
-            shown = ", ".join(given)
-            raise UsageError(f"--server queries the service's own bundle and network: drop {shown}")
-        from pactl.serve.client import check_url, remote_chunks
-
+        given += ["--qdrant"] if qdrant is not None else []
         paths = query_paths(images, null, follow_links, log)
-        chunks = remote_chunks(check_url(server), token, paths, k, exclude_self, same_item, rescore)
-        chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
-        skipped = answer_queries(
-            chunks, HitWriter(out, sys.stdout, chosen, paths_only, null), strict, None
-        )
-        if skipped:
-            log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
+        ask = (server, token, k, exclude_self, same_item, rescore)
+        with_server(ask, paths, given, writer, strict, log)
         return
     bundle = index_dir or find_bundle(runs_dir())
     if index_dir is None:
         log.log(f"using index {bundle}")
-    chosen = fmt.value if fmt else ("table" if out.is_terminal else "jsonl")
-    writer = HitWriter(out, sys.stdout, chosen, paths_only, null)
     pictured: list[tuple[str, str | None, list[tuple[str, str, float]]]] = []
     chunks = query_chunks(
         bundle,
@@ -207,6 +214,88 @@ def query(
         with writing(grid):
             retrieval_grid(pictured, grid)
         log.log(f"wrote {grid}")
+    if skipped:
+        log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
+
+
+def check_vector_query(
+    images: list[str],
+    checkpoint: Path | None,
+    grid: Path | None,
+    server: str | None,
+    qdrant: str | None,
+    exclude_self: bool,
+    device: str,
+) -> None:
+    """--vectors are searched in the bundle here, with no network: what belongs to query
+    images, to a network or to another search is refused, not ignored."""
+    named: dict[str, object] = {"IMAGES": images or None, "--checkpoint": checkpoint}
+    named |= {"--grid": grid}
+    named |= {"--server": server, "--qdrant": qdrant, "--exclude-self": exclude_self or None}
+    named |= {"--device": None if device == "auto" else device}
+    given = [name for name, value in named.items() if value is not None]
+    if given:
+        raise UsageError(
+            f"--vectors searches vectors already made, in the bundle here: drop {', '.join(given)}"
+        )
+
+
+def with_vectors(
+    source: str,
+    index_dir: Path | None,
+    k: int,
+    writer: HitWriter,
+    log: Reporter,
+    searched: tuple[str, bool, float | None, int | None],
+) -> None:
+    """`pactl query --vectors FILE.npy|-`: the rows of a .npy array searched in the bundle;
+    `searched`: --faiss-device, --same-item, --threshold, --rescore."""
+    import io
+
+    import numpy as np
+
+    from pactl.verbs.query import find_bundle, vector_chunks
+
+    bundle = index_dir or find_bundle(runs_dir())
+    if index_dir is None:
+        log.log(f"using index {bundle}")
+    if source == "-" and sys.stdin is None:
+        raise UsageError("--vectors - reads a .npy array from standard input, which is closed")
+    named = "from standard input" if source == "-" else source
+    try:
+        stream = getattr(sys.stdin, "buffer", sys.stdin) if source == "-" else None
+        data = stream.read() if stream is not None else Path(source).read_bytes()
+        if not isinstance(data, bytes) or not data.startswith(b"\x93NUMPY"):
+            raise ValueError("it does not start as a .npy file does")
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except OSError as e:
+        raise PactlError(f"cannot read --vectors {named}: {e.strerror or e}") from None
+    except (ValueError, EOFError) as e:
+        raise PactlError(f"--vectors {named} is not a .npy array ({str(e)[:120]})") from None
+    faiss_device, same_item, threshold, rescore = searched
+    chunks = vector_chunks(bundle, array, k, log, faiss_device, same_item, threshold, rescore)
+    answer_queries(chunks, writer, False, None)
+
+
+def with_server(
+    ask: tuple[str, str | None, int, bool, bool, int | None],
+    paths: Any,
+    given: list[str],
+    writer: HitWriter,
+    strict: bool,
+    log: Reporter,
+) -> None:
+    """`pactl query --server URL`: the images sent to the service, its hits written as here.
+    `ask`: the URL, token, k, --exclude-self, --same-item and --rescore; `given`: the local
+    options given, which the service's own bundle and network leave no part in."""
+    if given:
+        shown = ", ".join(given)
+        raise UsageError(f"--server queries the service's own bundle and network: drop {shown}")
+    from pactl.serve.client import check_url, remote_chunks
+
+    server, token, k, exclude_self, same_item, rescore = ask
+    chunks = remote_chunks(check_url(server), token, paths, k, exclude_self, same_item, rescore)
+    skipped = answer_queries(chunks, writer, strict, None)
     if skipped:
         log.warn(f"{counted(skipped, 'unreadable query image')} skipped")
 
@@ -301,7 +390,8 @@ def check_query_io(images: list[str], grid: Path | None, overwrite: bool = False
 
         check_output(grid, "--grid", folder=False)
         check_image_path(grid)
-        check_new_file(grid, overwrite, "--grid")
+        inputs = [Path(image) for image in images if image != "-"]  # a query image stays
+        check_new_file(grid, overwrite, "--grid", inputs)
 
 
 def query_paths(images: list[str], null: bool, follow_links: bool, reporter: Reporter) -> Any:

@@ -99,8 +99,13 @@ class Engine:
         from pactl.verbs.query import open_query_model
 
         generation = generation_of(self.config.bundle)
+        bundle = self.config.bundle
+        instead = (
+            f"search its vectors with `pactl query --index {bundle} --vectors FILE.npy`, or "
+            "with Index.search in Python"
+        )
         opened = open_query_model(
-            self.config.bundle, None, self.config.device, self.config.faiss_device
+            bundle, None, self.config.device, self.config.faiss_device, "`pactl serve`", instead
         )
         self.model, self.model_cfg, self.device = opened.model.eval(), opened.config, opened.device
         self.snapshot = Snapshot(generation, opened.bundle)

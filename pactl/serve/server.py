@@ -42,7 +42,11 @@ def serve(config: ServeConfig, reporter: Reporter) -> None:
 
     check_config(config)
     sock = bind(config.host, config.port)
-    engine = Engine(config)
+    try:
+        engine = Engine(config)
+    except BaseException:
+        sock.close()  # a bundle that cannot be served leaves no socket behind
+        raise
     swept = sweep_uploads(config.uploads, engine.snapshot.lookup)
     if swept:
         reporter.log(f"removed {counted(swept, 'unfinished upload')} from {config.uploads}")

@@ -15,12 +15,18 @@ from pactl.config import EmbedConfig, ModelConfig, read_config
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 from pactl.verbs.embed import embed_source_files
-from pactl.verbs.lineage import bundle_checkpoint
+from pactl.verbs.lineage import bundle_checkpoint, no_network, records_network
 from pactl.verbs.sources import source_items
 from pactl.verbs.vector_sources import gather_vectors
 
 if TYPE_CHECKING:
     from pactl.checkpoint import ModelSource
+
+# What adds to a bundle of another tool's vectors: that tool, and a rebuild.
+ADD_INSTEAD = (
+    "embed the new images with the tool that made its vectors, into its folder, and rebuild "
+    "the bundle with `pactl index FOLDER --out BUNDLE`"
+)
 
 
 def add_to_index(
@@ -44,6 +50,8 @@ def add_to_index(
     with writer_lock(bundle_dir):  # one writer at a time; queries go on reading
         remove_stale(bundle_dir)  # a .add left by a killed --add
         bundle = load_bundle(bundle_dir, mmap=False)  # handed over: freed before the add
+        if not records_network(bundle.meta):
+            raise no_network(bundle_dir, "an add (`--add`, Index.add)", ADD_INSTEAD)
         if checkpoint is not None:
             check_own_checkpoint(checkpoint, bundle.meta, bundle_dir)
         files, labels = source_items(source, split, reporter, config.follow_links)

@@ -60,3 +60,18 @@ def bundle_checkpoint(meta: dict[str, Any], bundle_dir: Path) -> Path | None:
         + (f" nor at {bundle_dir / relative}" if relative else "")
         + ": pass the same checkpoint with --checkpoint PATH"
     )
+
+
+def records_network(meta: dict[str, Any]) -> bool:
+    """Whether a bundle names the network that made its vectors (a checkpoint, or a backbone's
+    model_config); one built from another tool's vectors folder names none."""
+    return bool(meta.get("checkpoint")) or isinstance(meta.get("model_config"), dict)
+
+
+def no_network(bundle_dir: Path, who: str, instead: str) -> PactlError:
+    """The one line of a command that would embed images for a bundle that records no network:
+    why it cannot, and `instead`, what can."""
+    return PactlError(
+        f"{bundle_dir} records no network (its vectors came from another tool's folder, without "
+        f"pactl's meta.json), so {who} cannot embed images for it: {instead}"
+    )

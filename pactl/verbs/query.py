@@ -14,12 +14,13 @@ from pactl.config import ModelConfig
 from pactl.console import Reporter
 from pactl.errors import PactlError
 from pactl.results import QueryChunk
-from pactl.verbs.lineage import bundle_checkpoint, calibration_of
+from pactl.verbs.lineage import bundle_checkpoint, calibration_of, no_network, records_network
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from pactl.checkpoint import ModelSource
     from pactl.index import Bundle
 
 
@@ -43,22 +44,75 @@ class QueryModel:
     device: torch.device
 
 
+# What `pactl query` can do for a bundle that records no network.
+QUERY_INSTEAD = (
+    "give --checkpoint the network that made its vectors, or give query vectors of that "
+    "network with `pactl query --vectors FILE.npy`"
+)
+
+# What Index.query says of a bundle that records no network.
+OPEN_INSTEAD = (
+    "open it with the checkpoint or backbone that made its vectors "
+    "(pactl.open_index(path, checkpoint=...)), or pass vectors of that network to Index.search"
+)
+
+
 def open_query_model(
-    bundle_dir: Path, checkpoint: Path | None, device_name: str, faiss_device: str = "auto"
+    bundle_dir: Path,
+    checkpoint: ModelSource | None,
+    device_name: str,
+    faiss_device: str = "auto",
+    who: str = "`pactl query`",
+    instead: str = QUERY_INSTEAD,
 ) -> QueryModel:
     """Load the bundle (searching where `faiss_device` says) and its model once; refuse a
-    model other than the bundle's."""
-    from pactl.checkpoint import network_of
+    model other than the bundle's. A bundle that records no network (another tool's vectors)
+    takes `checkpoint` (a file or a backbone's config) on the caller's word, of its dimension;
+    without one, `who` says in one line that it cannot embed images, and `instead` what can."""
     from pactl.index import load_bundle
-    from pactl.runtime import resolve_device
 
     bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
-    model, network = network_of(
-        bundle.meta, checkpoint or bundle_checkpoint(bundle.meta, bundle_dir)
-    )
+    return with_network(bundle, bundle_dir, checkpoint, device_name, who, instead)
+
+
+def with_network(
+    bundle: Bundle,
+    bundle_dir: Path,
+    checkpoint: ModelSource | None,
+    device_name: str,
+    who: str = "`pactl query`",
+    instead: str = QUERY_INSTEAD,
+) -> QueryModel:
+    """A loaded bundle with its network (open_query_model)."""
+    from pactl.checkpoint import network_of, open_network
+    from pactl.runtime import resolve_device
+
+    if records_network(bundle.meta):
+        model, network = network_of(
+            bundle.meta, checkpoint or bundle_checkpoint(bundle.meta, bundle_dir)
+        )
+    elif checkpoint is None:
+        raise no_network(bundle_dir, who, instead)
+    else:
+        model, network = open_network(checkpoint)
+        _check_dimension(model, network.config, int(bundle.index.d), bundle_dir)
     device = resolve_device(device_name)
     model.to(device)
     return QueryModel(bundle, model, network.config, device)
+
+
+def _check_dimension(model: nn.Module, config: ModelConfig, dimension: int, where: Path) -> None:
+    """A network given for a bundle that recorded none makes vectors of its dimension (one
+    blank image through it, on the CPU, tells)."""
+    import torch
+
+    with torch.inference_mode():
+        made = int(model(torch.zeros(1, 3, config.image_size, config.image_size)).shape[1])
+    if made != dimension:
+        raise PactlError(
+            f"the network given makes {made}-dimensional vectors, {where} holds {dimension}: "
+            "give the network that made its vectors"
+        )
 
 
 def query_chunks(
@@ -88,13 +142,7 @@ def query_chunks(
 
     opened = open_query_model(bundle_dir, checkpoint, device_name, faiss_device)
     rescored(opened.bundle.index, rescore)  # a float bundle has nothing to rescore: said now
-    least = None
-    if same_item:
-        from pactl.calibrate import same_item_threshold
-
-        meta = opened.bundle.meta
-        least, how = same_item_threshold(calibration_of(meta), str(bundle_dir), threshold)
-        reporter.log(f"same item: {how}")
+    least = _least(opened.bundle, bundle_dir, same_item, threshold, reporter)
     find = None
     if qdrant is not None:
         from pactl.interop.qdrant import QdrantSearch
@@ -117,6 +165,77 @@ def query_chunks(
     finally:
         if find is not None:
             find.close()
+
+
+def _least(
+    bundle: Bundle, bundle_dir: Path, same_item: bool, threshold: float | None, reporter: Reporter
+) -> float | None:
+    """The lowest score a hit keeps: with `same_item`, `threshold` or the bundle's calibrated
+    same-item threshold (said on stderr); else None, every hit."""
+    if not same_item:
+        return None
+    from pactl.calibrate import same_item_threshold
+
+    least, how = same_item_threshold(calibration_of(bundle.meta), str(bundle_dir), threshold)
+    reporter.log(f"same item: {how}")
+    return least
+
+
+def vector_chunks(
+    bundle_dir: Path,
+    vectors: np.ndarray,
+    k: int,
+    reporter: Reporter,
+    faiss_device: str = "auto",
+    same_item: bool = False,
+    threshold: float | None = None,
+    rescore: int | None = None,
+    chunk: int = 512,
+) -> Any:
+    """query_chunks for query vectors of the bundle's network ((N, dimension) unit rows, as
+    check_query_vectors takes them) instead of images: no network is loaded, so a bundle of
+    another tool's vectors answers too; a query's name is its row number, as Index.search
+    names it."""
+    from pactl.index import load_bundle
+    from pactl.index.search import hits, rescored, search
+
+    bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
+    rescored(bundle.index, rescore)
+    x = check_query_vectors(vectors, int(bundle.index.d), str(bundle_dir))
+    least = _least(bundle, bundle_dir, same_item, threshold, reporter)
+    if k > bundle.live_count:
+        reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
+    for start in range(0, len(x), chunk):
+        names = [str(i) for i in range(start, min(start + chunk, len(x)))]
+        scores, ids = search(bundle, x[start : start + chunk], k, rescore=rescore)
+        found = hits(bundle, names, scores, ids)
+        if least is not None:
+            found = [[h for h in row if h.score >= least] for row in found]
+        yield QueryChunk(names, found, [], [None] * len(names))
+
+
+def check_query_vectors(vectors: np.ndarray, dimension: int, where: str) -> np.ndarray:
+    """Query vectors as float32 (N, dimension) rows (one (dimension,) vector is one row), or
+    one line saying what is wrong: a shape, a dtype, a row not finite or not of unit length."""
+    from pactl.interop.parquet import UNIT_TOLERANCE  # a vectors folder's own rule
+
+    x = np.asarray(vectors)
+    x = x[None, :] if x.ndim == 1 else x
+    if x.ndim != 2 or x.shape[1] != dimension or not np.issubdtype(x.dtype, np.floating):
+        raise PactlError(
+            f"query vectors must be float rows of {where}'s dimension ({dimension}), not "
+            f"{x.dtype} {x.shape}"
+        )
+    if len(x) == 0:
+        raise PactlError("no query vectors: the array holds no rows")
+    norms = np.linalg.norm(x.astype(np.float64), axis=1)
+    bad = np.flatnonzero(~np.isfinite(norms) | (np.abs(norms - 1) > UNIT_TOLERANCE))
+    if len(bad):
+        raise PactlError(
+            f"query vector {bad[0]} has norm {norms[bad[0]]:.4g}: give unit (L2-normalised) "
+            "rows, as the bundle's vectors are (cosine is their inner product)"
+        )
+    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def answer_chunks(
