@@ -133,9 +133,9 @@ def query(
         str | None,
         typer.Option(
             metavar="FILE.npy|-",
-            help="Query vectors instead of images: an (N, dimension) array of unit rows from "
-            "the network that made the bundle's vectors, as .npy ('-': read from stdin). A "
-            "hit's query is its row number.",
+            help="Query vectors instead of images: an (N, dimension) array from the network "
+            "that made the bundle's vectors, as .npy ('-': read from stdin), searched as "
+            "Index.search searches them. A hit's query is its row number.",
         ),
     ] = None,
     quiet: Quiet = False,

@@ -192,16 +192,19 @@ def vector_chunks(
     rescore: int | None = None,
     chunk: int = 512,
 ) -> Any:
-    """query_chunks for query vectors of the bundle's network ((N, dimension) unit rows, as
-    check_query_vectors takes them) instead of images: no network is loaded, so a bundle of
-    another tool's vectors answers too; a query's name is its row number, as Index.search
-    names it."""
+    """query_chunks for query vectors of the bundle's network ((N, dimension) rows, taken as
+    Index.search takes them: scaled to length 1, NaN, Inf and zero rows refused) instead of
+    images: no network is loaded, so a bundle of another tool's vectors answers too; a query's
+    name is its row number, as Index.search names it."""
+    from pactl.arguments import unit_queries
     from pactl.index import load_bundle
     from pactl.index.search import hits, rescored, search
 
     bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
     rescored(bundle.index, rescore)
-    x = check_query_vectors(vectors, int(bundle.index.d), str(bundle_dir))
+    x = unit_queries(vectors, int(bundle.index.d))  # as Index.search takes them
+    if not len(x):
+        raise PactlError("no query vectors: the array holds no rows")
     least = _least(bundle, bundle_dir, same_item, threshold, reporter)
     if k > bundle.live_count:
         reporter.log(f"--k {k} is more than the {bundle.live_count} items indexed; showing all")
@@ -212,30 +215,6 @@ def vector_chunks(
         if least is not None:
             found = [[h for h in row if h.score >= least] for row in found]
         yield QueryChunk(names, found, [], [None] * len(names))
-
-
-def check_query_vectors(vectors: np.ndarray, dimension: int, where: str) -> np.ndarray:
-    """Query vectors as float32 (N, dimension) rows (one (dimension,) vector is one row), or
-    one line saying what is wrong: a shape, a dtype, a row not finite or not of unit length."""
-    from pactl.interop.parquet import UNIT_TOLERANCE  # a vectors folder's own rule
-
-    x = np.asarray(vectors)
-    x = x[None, :] if x.ndim == 1 else x
-    if x.ndim != 2 or x.shape[1] != dimension or not np.issubdtype(x.dtype, np.floating):
-        raise PactlError(
-            f"query vectors must be float rows of {where}'s dimension ({dimension}), not "
-            f"{x.dtype} {x.shape}"
-        )
-    if len(x) == 0:
-        raise PactlError("no query vectors: the array holds no rows")
-    norms = np.linalg.norm(x.astype(np.float64), axis=1)
-    bad = np.flatnonzero(~np.isfinite(norms) | (np.abs(norms - 1) > UNIT_TOLERANCE))
-    if len(bad):
-        raise PactlError(
-            f"query vector {bad[0]} has norm {norms[bad[0]]:.4g}: give unit (L2-normalised) "
-            "rows, as the bundle's vectors are (cosine is their inner product)"
-        )
-    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def answer_chunks(
