@@ -46,11 +46,16 @@ def load_source(
     Links leading outside a folder or a CSV's folder are skipped or refused unless
     `follow_links`; the catalog's own datasets are pactl's, and their links are followed.
     With `splits` False, a CSV without a split column is read even when it has too few
-    classes for the default split (embedding uses none).
+    classes for the default split (embedding uses none). Every image it names must be there
+    (a row naming a missing file is one error, before any network loads); one that is there
+    but cannot be decoded is the reader's to leave out.
     """
+    from pactl.store.regular_files import check_present
+
     manifest = _load(source, reporter, follow_links, splits)
     if manifest.duplicates:
         reporter.log(f"{manifest.source}: dropped {manifest.duplicates} duplicate rows")
+    check_present(manifest.files(), manifest.source or source)
     return manifest
 
 

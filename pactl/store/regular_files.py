@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -65,3 +66,23 @@ def one_line(e: BaseException, limit: int = 160) -> str:
     """An exception's message on one line, at most `limit` characters."""
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_present(files: Sequence[Path], where: str) -> None:
+    """Every file of a list the user gave (a CSV's rows, a dataset's manifest) is there and
+    regular: one stat each, before anything heavy starts, so that a wrong row or root is one
+    line at once rather than after a network has loaded. Raises PactlError naming the first."""
+    from pactl.errors import PactlError
+
+    bad: list[tuple[Path, str]] = []
+    for path in files:
+        try:
+            check_regular(os.stat(path).st_mode)
+        except OSError as e:
+            bad.append((path, os_reason(e)))
+        except NotRegular as e:
+            bad.append((path, str(e)))
+    if bad:
+        path, reason = bad[0]
+        count = f"{len(bad):,} of the {len(files):,} images" if len(bad) > 1 else "an image"
+        raise PactlError(f"{path}: {reason} ({count} {where} names): fix or remove those rows")

@@ -114,10 +114,10 @@ def read_run(
     path = run / "checkpoint.pt" if (run / "checkpoint.pt").is_file() else run / "best.pt"
     if not path.is_file():
         raise PactlError(f"{run} has no checkpoint.pt or best.pt: let it train an epoch first")
+    manifest = load_source(source or trained_on, reporter, follow_links=cfg.follow_links)
     model, model_cfg, payload = load_model(path)
     if proxies and (payload.get("proxies") or {}).get("proxies") is None:
         raise UsageError(NO_PROXIES.format(what=run))
-    manifest = load_source(source or trained_on, reporter, follow_links=cfg.follow_links)
     reporter.log(f"embedding {counted(len(manifest), 'image')} of {manifest.source} with {path}")
     done = embed_files(model, manifest.files(), model_cfg, resolve_device(device), reporter)
     if done.failed:
