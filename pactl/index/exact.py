@@ -21,17 +21,41 @@ def exact_neighbours(
     excluded. Each block of each part (pactl.index.mapped.blocks) is searched on its own and the
     per-block top k+1 merged by score, so only one block is read at a time and the result equals
     a search of the parts joined."""
-    scores, ids = [], []
     resources = faiss.StandardGpuResources() if gpus else None
-    for vectors, part_ids in parts:
-        for first, block in blocks(vectors):
-            s, rows = knn(queries, block, min(k + 1, len(block)), resources)
-            scores.append(s)
-            ids.append(np.asarray(part_ids, dtype=np.int64)[first + rows])
+    found = [part_neighbours(part, queries, k + 1, resources) for part in parts]
+    return merge_neighbours(found, own, k)
+
+
+def part_neighbours(
+    part: Part, queries: np.ndarray, k: int, resources: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, ids) of the k largest inner products of each query within one part, merged over
+    its blocks by score: what a shard task returns, for merge_neighbours to join."""
+    vectors, part_ids = part
+    scores, ids = [], []
+    for first, block in blocks(vectors):
+        s, rows = knn(queries, block, min(k, len(block)), resources)
+        scores.append(s)
+        ids.append(np.asarray(part_ids, dtype=np.int64)[first + rows])
+    return _top(scores, ids, k)
+
+
+def merge_neighbours(
+    found: Sequence[tuple[np.ndarray, np.ndarray]], own: np.ndarray, k: int
+) -> np.ndarray:
+    """The ids of exact_neighbours from each part's top k+1 (part_neighbours, in part order):
+    the top k+1 of the union is among the parts' own, and a stable sort by score keeps the
+    order a search of the parts joined gives to ties."""
+    scores, ids = _top([s for s, _ in found], [i for _, i in found], k + 1)
+    return exclude_by_id(scores, ids, own, k)[1]
+
+
+def _top(
+    scores: list[np.ndarray], ids: list[np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
     all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
-    best = np.argsort(-all_scores, axis=1, kind="stable")[:, : k + 1]  # (nq, <= k+1)
-    merged = np.take_along_axis(all_scores, best, axis=1), np.take_along_axis(all_ids, best, axis=1)
-    return exclude_by_id(*merged, own, k)[1]
+    best = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]  # (nq, <= k)
+    return np.take_along_axis(all_scores, best, axis=1), np.take_along_axis(all_ids, best, axis=1)
 
 
 def knn(queries: np.ndarray, vectors: np.ndarray, k: int, resources: Any) -> Any:

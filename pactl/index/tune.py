@@ -22,6 +22,8 @@ PLATEAU = 0.002  # recall gained by doubling a search knob below which more effo
 QUERY_BUDGET_MS = 10.0  # time a query may take (batched) at the tuned setting, by default
 CODES_GAP = 0.02  # recall this far under the coverage, and flat: the codes cap it, not the lists
 COVERAGE_DEPTH = 4_096  # lists ranked per tuning query for the coverage (at most nlist)
+# (queries, their own ids, k) -> the ids of their k exact neighbours, their own excluded
+Exact = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def tune_search(
     reporter: Reporter,
     gpus: int = 0,
     query_budget_ms: float = QUERY_BUDGET_MS,
+    exact: Exact | None = None,
 ) -> dict[str, Any]:
     """Find the cheapest search setting reaching Recall@10 >= target within `query_budget_ms` a
     query (batched) and leave it set. With `gpus`, exact search (the truth, and a Flat index's
@@ -67,16 +70,17 @@ def tune_search(
     approximate neighbours (as `pactl query` does), so the figure is the recall of the other
     items, the ones a query actually wants. The record keeps every operating point measured
     and, where the target is out of reach, what limits it (`limited_by`: coverage, codes or
-    query time).
+    query time). `exact` gives the true neighbours where they were found elsewhere (the shard
+    tasks of pactl.engines.indexing), else they are searched here.
     """
     n = count_rows(parts)
     k = min(RECALL_K, n - 1)
     record: dict[str, Any] = {"search_params": "", "recall_at_10": None, "target_recall": target}
     if k < 1:
         return {**record, "target_reached": False, "tuning_queries": 0}
-    rows = np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
+    rows = tuning_rows(n, rng)
     queries, own = read_rows(parts, rows)
-    truth = exact_neighbours(parts, queries, own, k, gpus)
+    truth = exact(queries, own, k) if exact else exact_neighbours(parts, queries, own, k, gpus)
     space: Any = faiss.ParameterSpace()  # (its stub types the params string as int)
     searcher = gpu_searcher(index, gpus)
 
@@ -104,6 +108,12 @@ def tune_search(
         operating_points=[point.record() for point in climb.points],
     )
     return {**record, "tuning_queries": len(rows)}
+
+
+def tuning_rows(n: int, rng: np.random.Generator) -> np.ndarray:
+    """The rows tune_search takes as its queries, drawn from `rng` (sorted: a memory map is
+    read front to back)."""
+    return np.sort(rng.choice(n, size=min(TUNING_QUERIES, n), replace=False))
 
 
 @dataclass(frozen=True)
