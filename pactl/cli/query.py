@@ -390,8 +390,7 @@ def check_query_io(images: list[str], grid: Path | None, overwrite: bool = False
 
         check_output(grid, "--grid", folder=False)
         check_image_path(grid)
-        inputs = [Path(image) for image in images if image != "-"]  # a query image stays
-        check_new_file(grid, overwrite, "--grid", inputs)
+        check_new_file(grid, overwrite, "--grid")
 
 
 def query_paths(images: list[str], null: bool, follow_links: bool, reporter: Reporter) -> Any:
