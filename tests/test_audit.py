@@ -590,3 +590,38 @@ def test_without_crop_boxes_whole_copies_are_still_found_and_the_floor_ignores_c
     monkeypatch.setattr(copies, "proposal_floor", spy)
     found = {(c.kind, c.row, c.other) for c in copies.find_copies(data, 5, None, 16, QUIET)[0]}
     assert {("leak", 72, 0), ("leak", 74, 14)} <= found and floors
+
+
+def test_the_sheet_shows_the_given_labels_nearest_even_when_none_is_among_the_k_nearest() -> None:
+    """A suspect is one because its nearest carry another label: the sheet's "given label"
+    column still shows the nearest images of its own class (searched within the class, cosines
+    brute-force), not an empty column."""
+    from pactl.verbs.audit import AuditResult, Scores, sheet_rows
+    from pactl.verbs.audit_inputs import Labelled
+
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(9, 4))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    codes = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1])  # row 0, labelled 0, is the suspect
+    data = Labelled(
+        paths=[f"/p/{i}.png" for i in range(9)],
+        codes=codes,
+        names=["cat", "dog"],
+        splits=[""] * 9,
+        vectors=lambda r: vectors[r],
+        neighbours=row_neighbours(vectors),
+        proxies=None,
+    )
+    found = np.array([[4, 5, 6]] + [[-1, -1, -1]] * 8)  # its k nearest: all dogs
+    doubt = np.array([0.9] + [0.0] * 8)
+    scores = Scores(doubt, doubt, doubt, np.array([1] + [-1] * 8), doubt)
+    result = AuditResult(data, scores, [], None, "", found, np.zeros((9, 3)))
+    [(suspect, given, suggested)] = sheet_rows(result, top=1, shown=2)
+    assert suspect == ("/p/0.png", "cat→dog", 0.9)
+    cosines = vectors[1:4] @ vectors[0]
+    best = np.argsort(-cosines)[:2] + 1
+    assert [t[0] for t in given] == [f"/p/{j}.png" for j in best]
+    assert [t[2] for t in given] == pytest.approx(np.sort(cosines)[::-1][:2])
+    assert {t[1] for t in given} == {"cat"} and {t[1] for t in suggested} == {"dog"}
+    dog = vectors[4:] @ vectors[0]
+    assert [t[2] for t in suggested] == pytest.approx(np.sort(dog)[::-1][:2])

@@ -321,25 +321,35 @@ SheetTile = tuple[str, str, float]  # pactl.report.SheetTile: path, caption's la
 
 
 def sheet_rows(
-    result: AuditResult, top: int
+    result: AuditResult, top: int, shown: int = 3
 ) -> list[tuple[SheetTile, list[SheetTile], list[SheetTile]]]:
     """The contact sheet's rows (pactl.report.suspect_sheet) for the `top` suspects: the image,
-    then its nearest carrying the given label, then those carrying the suggested one."""
+    then its `shown` nearest carrying the given label, then those carrying the suggested one.
+    Each searched within its class, not among the image's k nearest overall: a suspect is one
+    because its nearest carry other labels, so those would leave the given label's column empty."""
     data, scores = result.data, result.scores
 
-    def tile(j: int, score: float) -> SheetTile:
-        return data.paths[j], data.names[data.codes[j]], score
+    def nearest(i: int, code: int) -> list[SheetTile]:
+        members = np.flatnonzero(data.codes == code)
+        members = members[members != i]
+        if code < 0 or not len(members):
+            return []
+        sims = data.vectors(members) @ data.vectors(np.array([i]))[0]  # (M,) cosines
+        order = np.argsort(-sims, kind="stable")[:shown]
+        return [
+            (data.paths[j], data.names[code], float(sims[o]))
+            for j, o in zip(members[order], order, strict=True)
+        ]
 
     rows = []
     for i in result.ranked(scores.doubt, top).tolist():
         given, instead = int(data.codes[i]), int(scores.suggested[i])
-        near = [(int(j), float(s)) for j, s in zip(result.found[i], result.sims[i], strict=True)]
         caption = f"{data.names[given]}→{data.names[instead] if instead >= 0 else '?'}"
         rows.append(
             (
                 (data.paths[i], caption, float(scores.doubt[i])),
-                [tile(j, s) for j, s in near if j >= 0 and data.codes[j] == given],
-                [tile(j, s) for j, s in near if j >= 0 and data.codes[j] == instead],
+                nearest(i, given),
+                nearest(i, instead),
             )
         )
     return rows
