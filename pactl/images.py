@@ -261,12 +261,20 @@ def _decode(
         img = Image.open(fh)
     with img:
         _check_pixels(path, img.size, max_pixels)
+        full = img.size
         if target_size is not None:
             # No-op for formats other than JPEG; for JPEG it must come before load().
             img.draft("RGB", (target_size, target_size))
         img.load()  # first frame of an animated GIF/WebP: the file opens positioned on it
         upright = ImageOps.exif_transpose(img)
-        return to_rgb(upright)
+        turned = upright.size != img.size
+        rgb = to_rgb(upright)
+        # The size before draft mode shrank it (the image checks judge the file's own size).
+        rgb.info[FULL_SIZE] = full[::-1] if turned else full
+        return rgb
+
+
+FULL_SIZE = "pactl_full_size"  # load_image's info key: (width, height) of the file, upright
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

@@ -107,12 +107,16 @@ def thumbnail(image: Any) -> np.ndarray:
 @dataclass(frozen=True)
 class Pictures:
     """What was read of each image: (N, SIDE²) float16 whole thumbnails (zeros where unread;
-    half precision keeps 1,000,000 of them in 0.3 GiB), (N,) bool which were read, and the
-    (N, GRID, GRID) uint8 bases where they were kept (4 KiB an image), else None."""
+    half precision keeps 1,000,000 of them in 0.3 GiB), (N,) bool which were read, the
+    (N, GRID, GRID) uint8 bases where they were kept (4 KiB an image), else None; the image
+    checks' (N, len(MEASURES)) float32 measures (pactl.audit.checks, from the same decode) and
+    why each unread image was not read ('' where it was)."""
 
     thumbs: np.ndarray
     read: np.ndarray
     bases: np.ndarray | None
+    measures: np.ndarray
+    reasons: tuple[str, ...]
 
 
 def read_pictures(
@@ -139,24 +143,34 @@ def read_pictures(
         np.concatenate([p.thumbs for p in parts]),
         np.concatenate([p.read for p in parts]),
         np.concatenate(bases) if keep_bases else None,
+        np.concatenate([p.measures for p in parts]),
+        tuple(r for p in parts for r in p.reasons),
     )
 
 
 def read_chunk(paths: Sequence[str | Path], keep_bases: bool) -> Pictures:
     """read_pictures of a few images, in this process."""
+    from pactl.audit.checks import MEASURES, measure
+    from pactl.images import FULL_SIZE
+
     thumbs = np.zeros((len(paths), SIDE * SIDE), dtype=np.float16)
     read = np.zeros(len(paths), dtype=bool)
     bases = np.zeros((len(paths), GRID, GRID), dtype=np.uint8) if keep_bases else None
+    measures = np.zeros((len(paths), len(MEASURES)), dtype=np.float32)
+    reasons = [""] * len(paths)
     for i, path in enumerate(paths):
         try:
-            b = base(load_image(path, target_size=GRID))
-        except ImageError:
+            image = load_image(path, target_size=GRID)
+        except ImageError as e:
+            reasons[i] = e.reason
             continue
+        b = base(image)
+        measures[i] = measure(image, image.info.get(FULL_SIZE))
         thumbs[i] = box_thumbnails(b[None])[0]
         read[i] = True
         if bases is not None:
             bases[i] = b
-    return Pictures(thumbs, read, bases)
+    return Pictures(thumbs, read, bases, measures, tuple(reasons))
 
 
 @dataclass(frozen=True)
