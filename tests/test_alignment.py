@@ -113,3 +113,41 @@ def test_processes_align_the_same_as_one(tmp_path: Any, monkeypatch: pytest.Monk
     apart = copies.align(pairs, 2, QUIET)
     assert np.isnan(here[1]) and np.isnan(apart[1])
     assert np.allclose(np.delete(here, 1), np.delete(apart, 1)) and here[0] > 0.97
+
+
+def heart(colour: tuple[int, int, int], side: int = 48) -> Any:
+    """A heart of one colour on white: two discs and a triangle."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (side, side), "white")
+    draw = ImageDraw.Draw(image)
+    r = side // 4
+    draw.ellipse([side // 4 - r, side // 3 - r, side // 4 + r, side // 3 + r], fill=colour)
+    draw.ellipse([3 * side // 4 - r, side // 3 - r, 3 * side // 4 + r, side // 3 + r], fill=colour)
+    draw.polygon(
+        [(0, side // 3 + 2), (side - 1, side // 3 + 2), (side // 2, side - 2)], fill=colour
+    )
+    return image
+
+
+def test_shapes_that_differ_only_in_colour_are_not_copies(tmp_path: Any) -> None:
+    """A red heart and the same heart in blue, or in a green of the same grey level: their grey
+    pictures align (equal for the green one, likeness 1 in grey), their colours do not. A colour
+    copy cropped, resized and saved as JPEG still aligns; the colour pairs fall far below it
+    (and below any threshold the calibration could take from copies like it)."""
+    from PIL import Image
+
+    red, blue = heart((220, 20, 30)), heart((30, 20, 220))
+    grey_twin = heart((0, 138, 0))  # grey 0.587 x 138 = 81.0; red's 65.8 + 11.7 + 3.4 = 80.9
+    assert (
+        np.abs(np.asarray(red.convert("L"), float) - np.asarray(grey_twin.convert("L"))).max() <= 1
+    )
+    assert likeness(working(red).convert("L"), working(grey_twin).convert("L"), WHOLE) > 0.99
+    copy = red.crop((3, 2, 45, 46)).resize((30, 31), Image.Resampling.BICUBIC)
+    copy.save(tmp_path / "c.jpg", quality=60)
+    copied = likeness(
+        working(red), working(Image.open(tmp_path / "c.jpg")), (3 / 48, 2 / 48, 45 / 48, 46 / 48)
+    )
+    assert copied > 1 - 10 / 255
+    for other in (blue, grey_twin):
+        assert likeness(working(red), working(other), WHOLE) < 1 - 60 / 255 < copied

@@ -1,6 +1,8 @@
 """Whether one image is a changed copy of another, pixel by pixel: the copy resized onto a box
 of the original (every box size near the one the descriptors proposed, at every offset), both
-blurred alike, and the root-mean-square grey difference of the best placement.
+blurred alike, placed where their grey levels differ least, and the root-mean-square difference
+of that placement over the three colour channels: grey alone would take a red shape and the
+same shape in blue (or any colour of the same brightness) for copies.
 
 Thumbnails propose candidates (pactl.audit.thumbnails); they cannot tell a copy from a look-alike
 garment or glyph, whose silhouettes agree. Aligned at full size, a copy differs from its
@@ -10,7 +12,8 @@ its detail and its grey levels, which stay. The blur grows with how much the cop
 template's inside is compared (a blur near the crop's edge sees what lies outside it in the
 original). Images are compared at no more than WORK pixels a side.
 
-likeness = 1 - RMS / 255: 1 for the same picture, lower the more the aligned pixels differ.
+likeness = 1 - RMS / 255: 1 for the same picture, lower the more the aligned pixels differ (for
+grey pictures, the grey difference: each channel then holds it).
 """
 
 from __future__ import annotations
@@ -31,18 +34,19 @@ LEAST = 0.7  # the smallest box tried, as a share of each side
 
 
 def working(image: Any) -> Any:
-    """A PIL image in grey, shrunk to at most WORK pixels a side (its aspect kept)."""
+    """A PIL image in RGB, shrunk to at most WORK pixels a side (its aspect kept)."""
     from PIL import Image
 
-    grey = image.convert("L")
-    if max(grey.size) > WORK:
-        scale = WORK / max(grey.size)
-        size = (max(1, round(grey.size[0] * scale)), max(1, round(grey.size[1] * scale)))
-        grey = grey.resize(size, Image.Resampling.BOX)
-    return grey
+    colour = image.convert("RGB")
+    if max(colour.size) > WORK:
+        scale = WORK / max(colour.size)
+        size = (max(1, round(colour.size[0] * scale)), max(1, round(colour.size[1] * scale)))
+        colour = colour.resize(size, Image.Resampling.BOX)
+    return colour
 
 
 def blurred(image: Any, sigma: float) -> np.ndarray:
+    """(H, W) for a grey image, (H, W, 3) for a colour one, float32."""
     from PIL import ImageFilter
 
     return np.asarray(image.filter(ImageFilter.GaussianBlur(sigma)), dtype=np.float32)
@@ -51,6 +55,12 @@ def blurred(image: Any, sigma: float) -> np.ndarray:
 def least_rms(image: np.ndarray, template: np.ndarray) -> float:
     """The smallest root-mean-square difference of `template` (h, w) and a window of `image`
     (H >= h, W >= w), over every placement."""
+    return best_placement(image, template)[0]
+
+
+def best_placement(image: np.ndarray, template: np.ndarray) -> tuple[float, int, int]:
+    """(least_rms, y, x): the root-mean-square difference of `template` (h, w) and the window
+    of `image` at (y, x) where it is smallest (the first such, row by row)."""
     from numpy.lib.stride_tricks import sliding_window_view
 
     h, w = template.shape
@@ -58,33 +68,59 @@ def least_rms(image: np.ndarray, template: np.ndarray) -> float:
     t = template.astype(np.float64)
     squares = np.einsum("ijkl,ijkl->ij", windows, windows)
     cross = np.einsum("ijkl,kl->ij", windows, t)
-    return float(
-        np.sqrt(max(float((squares - 2 * cross).min()) + float((t * t).sum()), 0.0) / (h * w))
-    )
+    costs = squares - 2 * cross  # (H - h + 1, W - w + 1): the squared error less t's own sum
+    y, x = np.unravel_index(int(np.argmin(costs)), costs.shape)
+    rms = np.sqrt(max(float(costs[y, x]) + float((t * t).sum()), 0.0) / (h * w))
+    return float(rms), int(y), int(x)
 
 
 def likeness(original: Any, copy: Any, box: Box) -> float:
-    """1 - RMS/255 of `copy` placed on a box of `original` (PIL images, grey, working size)
-    whose sides are within REACH of `box`'s, at the best size and offset."""
+    """1 - RMS/255 over the colour channels of `copy` placed on a box of `original` (PIL images
+    at working size, grey or colour) whose sides are within REACH of `box`'s, at the size and
+    offset where their grey levels differ least."""
     from PIL import Image
 
+    grey_original, grey_copy = original.convert("L"), copy.convert("L")
     width, height = original.size
     cw, ch = copy.size
     sizes = [
         (w, h) for w in around(box[2] - box[0], width) for h in around(box[3] - box[1], height)
     ]
-    best = np.inf
+    best: tuple[float, int, int, int, int] | None = None  # rms, w, h, y, x
     seen: dict[float, np.ndarray] = {}
     for w, h in sizes:
-        sigma = BLUR_PIXELS * max(1.0, w / cw, h / ch)
-        margin = int(np.ceil(MARGIN * sigma))
+        sigma, margin = blur_of(w, h, cw, ch)
         if min(w, h) - 2 * margin < 2:
             continue
         if sigma not in seen:
-            seen[sigma] = blurred(original, sigma)
-        placed = blurred(copy.resize((w, h), Image.Resampling.BICUBIC), sigma)
-        best = min(best, least_rms(seen[sigma], placed[margin : h - margin, margin : w - margin]))
-    return 0.0 if not np.isfinite(best) else max(0.0, 1.0 - best / 255.0)
+            seen[sigma] = blurred(grey_original, sigma)
+        placed = blurred(grey_copy.resize((w, h), Image.Resampling.BICUBIC), sigma)
+        found = best_placement(seen[sigma], placed[margin : h - margin, margin : w - margin])
+        if best is None or found[0] < best[0]:
+            best = (found[0], w, h, found[1], found[2])
+    if best is None:
+        return 0.0
+    return max(0.0, 1.0 - colour_rms(original, copy, *best[1:]) / 255.0)
+
+
+def blur_of(w: int, h: int, cw: int, ch: int) -> tuple[float, int]:
+    """The Gaussian (in the original's pixels) for a copy of cw x ch placed on w x h, more
+    where it was shrunk, and the template's margin left out for it."""
+    sigma = BLUR_PIXELS * max(1.0, w / cw, h / ch)
+    return sigma, int(np.ceil(MARGIN * sigma))
+
+
+def colour_rms(original: Any, copy: Any, w: int, h: int, y: int, x: int) -> float:
+    """The root-mean-square difference over the three channels of `copy` resized to w x h
+    (its margin left out) and `original` at (y, x) of its blurred inside, both blurred alike."""
+    from PIL import Image
+
+    sigma, margin = blur_of(w, h, *copy.size)
+    big = blurred(original.convert("RGB"), sigma).astype(np.float64)
+    placed = blurred(copy.convert("RGB").resize((w, h), Image.Resampling.BICUBIC), sigma)
+    inside = placed[margin : h - margin, margin : w - margin].astype(np.float64)
+    window = big[y : y + inside.shape[0], x : x + inside.shape[1]]
+    return float(np.sqrt(np.mean((window - inside) ** 2)))
 
 
 def around(share: float, side: int) -> range:
