@@ -323,6 +323,28 @@ class EmbedConfig:
     follow_links: bool = setting(False, flag(), "Follow links that lead out of the source folder.")
 
 
+ENGINE_NAMES = ("local", "ray")  # pactl.engines: where embed and index run their shards
+MAX_ENGINE_SHARDS = 99_999  # pactl.embed.folder.MAX_SHARDS: shard names have five digits
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Where `pactl embed` and `pactl index` do their work: in this process (local), or as one
+    task per shard on a Ray cluster (pactl.engines)."""
+
+    engine: str = setting("local", choice(*ENGINE_NAMES), "Run here (local) or on Ray (ray).")
+    ray_address: str | None = setting(
+        None, optional(text()),
+        "With --engine ray: the cluster to join (host:port of its head); default: a Ray "
+        "started on this machine for the run.",
+    )  # fmt: skip
+    shards: int = setting(
+        0, integer(0, MAX_ENGINE_SHARDS),
+        "With --engine ray: shard tasks to cut the work into (0: the split already in --out, "
+        "else one per worker slot of the cluster, at least one per 50,000 items).",
+    )  # fmt: skip
+
+
 # ONNX export: torch's default opset for its exporters (torch.onnx's ONNX_DEFAULT_OPSET, 2.5 to
 # 2.14); 17 brings LayerNormalization (timm's transformers), onnxruntime 1.18 runs up to 21
 ONNX_OPSET, ONNX_MIN_OPSET, ONNX_MAX_OPSET = 20, 17, 21

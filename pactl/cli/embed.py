@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from pactl.cli.engines import Engine, EngineOption, RayAddress, Shards, engine_config
 from pactl.cli.options import (
     Amp,
     Backbone,
@@ -27,6 +28,7 @@ from pactl.cli.options import (
 )
 from pactl.config import EmbedConfig, rules
 from pactl.console import counted, literal, out
+from pactl.errors import UsageError
 from pactl.rules import COMMIT_EVERY, MAX_BATCH_SIZE, MAX_COMMIT_EVERY
 
 
@@ -76,6 +78,9 @@ def embed(
         ),
     ] = False,
     follow_links: FollowLinks = False,
+    engine: EngineOption = Engine("local"),
+    ray_address: RayAddress = None,
+    shards: Shards = 0,
     quiet: Quiet = False,
 ) -> None:
     """Embed images into vectors.npy (float32, L2-normalised), items.csv and meta.json.
@@ -84,6 +89,10 @@ def embed(
     only new or changed files (path, size, modification time) are embedded. Progress is
     committed every --commit-every images: after a kill or Ctrl-C, the same command goes on
     from the last commit.
+
+    With --engine ray, one Ray task per shard writes --out/shards/<i>-of-<n>/ as --shard i/n
+    does (on a GPU where the cluster has them); run again, the shards already committed are
+    kept and only the others are embedded.
 
     Examples:
 
@@ -94,9 +103,13 @@ def embed(
       pactl embed photos/ --checkpoint best.pt --shard 0/4   # on 4 machines
       torchrun --nproc-per-node 8 -m pactl embed photos/ \\
           --checkpoint best.pt --shard auto
+      pactl embed photos/ --checkpoint best.pt --engine ray --ray-address head:6379
     """
     from pactl.verbs.embed import embed_source
 
+    cluster = engine_config(engine, ray_address, shards)  # fails fast: Ray, the address
+    if cluster.engine == "ray" and shard is not None:
+        raise UsageError("--shard is for one slice by hand; --engine ray runs every shard")
     check_source(source)
     check_option("--device", device, rules(EmbedConfig)["device"])
     check_output(out_dir, "--out", folder=True)
@@ -106,13 +119,17 @@ def embed(
     )
     log = reporter(quiet)
     with on_interrupt(lambda: "run the same command again to go on from the last commit"):
-        meta = embed_source(
-            source, model_from, out_dir, split, config, log, shard, overwrite=overwrite
-        )
+        if cluster.engine == "ray":
+            from pactl.engines.embedding import embed_on_ray
+
+            meta = embed_on_ray(source, model_from, out_dir, split, config, cluster, log, overwrite)
+        else:
+            meta = embed_source(
+                source, model_from, out_dir, split, config, log, shard, overwrite=overwrite
+            )
     fresh = f", {meta['embedded']:,} embedded now" if "embedded" in meta else ""
     with to_stdout():
         out.print(literal(f"{meta['count']:,} vectors ({meta['dimension']}-d) in {out_dir}{fresh}"))
     if meta["skipped"]:
-        log.warn(
-            f"{counted(meta['skipped'], 'unreadable image')} skipped: see {out_dir / 'skipped.csv'}"
-        )
+        listed = out_dir / ("shards/*/skipped.csv" if "shards" in meta else "skipped.csv")
+        log.warn(f"{counted(meta['skipped'], 'unreadable image')} skipped: see {listed}")

@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from pactl.cli.engines import Engine, EngineOption, RayAddress, Shards, engine_config
 from pactl.cli.options import (
     Backbone,
     BackboneResize,
@@ -29,7 +30,15 @@ from pactl.cli.options import (
     stdin_names,
     to_stdout,
 )
-from pactl.config import INDEX_RULES, TRAIN_RULES, EmbedConfig, IndexConfig, check, option_name
+from pactl.config import (
+    INDEX_RULES,
+    TRAIN_RULES,
+    EmbedConfig,
+    EngineConfig,
+    IndexConfig,
+    check,
+    option_name,
+)
 from pactl.console import Reporter, counted, literal, out
 from pactl.errors import PactlError, UsageError
 from pactl.store.home import runs_dir
@@ -182,6 +191,9 @@ def index(
     ] = None,
     device: Device = "auto",
     follow_links: FollowLinks = False,
+    engine: EngineOption = Engine("local"),
+    ray_address: RayAddress = None,
+    shards: Shards = 0,
     quiet: Quiet = False,
 ) -> None:
     """Build a FAISS inner-product index bundle (index.faiss, items.csv, meta.json).
@@ -191,6 +203,10 @@ def index(
     `pactl export --to parquet` or clip-retrieval).
 
     With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
+
+    With --engine ray (an IVF or Flat float index, from an embed folder), the index is trained
+    here, each shard is filled by one Ray task, and the lists are merged and tuned here: the
+    same index as without it, for the same vectors.
 
     --delete marks items deleted (searches skip them at once, and a rebuild of the bundle
     keeps them deleted); --compact removes them from the index for good. An integer names
@@ -205,6 +221,7 @@ def index(
       pactl index photos/ --checkpoint runs/<run>/best.pt --factory Flat
       pactl index photos/ --backbone resnet50 --out baseline/   # no training
       pactl index vectors/ --on-disk yes --factory IVF4096,Flat
+      pactl index vectors/ --engine ray --ray-address head:6379
       pactl index vectors/ --binary --out codes/        # 512-d: 512-bit codes
       pactl index vectors/ --binary --bits 128 --rescore 8
       pactl index new_photos/ --add runs/<run>/index      # no rebuild
@@ -215,6 +232,9 @@ def index(
     """
     from pactl.verbs.index import index_images, index_latest_run, index_vectors
 
+    cluster = engine_config(engine, ray_address, shards)  # fails fast: Ray, the address
+    if cluster.engine == "ray" and (source is None or verify or delete or compact or add):
+        raise UsageError(RAY_INDEXES)
     log = reporter(quiet)
     budgets = (memory_budget, query_budget_ms)
     config = index_config(factory, target_recall, on_disk, faiss_device, budgets)
@@ -241,7 +261,10 @@ def index(
         refuse_image_options(source, images_only)
         if out_dir is not None:
             check_apart(Path(source), out_dir)
-        bundle, meta = index_vectors(Path(source), out_dir, config, log, overwrite=overwrite)
+        build = ray_build(cluster)
+        bundle, meta = index_vectors(Path(source), out_dir, config, log, overwrite, build)
+    elif cluster.engine == "ray":
+        raise UsageError(RAY_INDEXES)
     elif checkpoint is None and backbone is None:
         raise UsageError(
             f"{source} is not an embed output folder; to index images pass --checkpoint "
@@ -257,6 +280,21 @@ def index(
         if "binary" in meta:
             factory += f", {meta['binary']['bits']}-bit codes"
         out.print(literal(f"indexed {counted(meta['count'], 'item')} ({factory}) in {bundle}"))
+
+
+RAY_INDEXES = (
+    "--engine ray builds a bundle from an embed folder: embed the images first (`pactl embed "
+    "IMAGES --engine ray --out VECTORS`), then `pactl index VECTORS --engine ray`"
+)
+
+
+def ray_build(cluster: EngineConfig) -> Any:
+    """index_vectors' `build` for --engine ray, or None to build here."""
+    if cluster.engine != "ray":
+        return None
+    from pactl.engines.indexing import ray_builder
+
+    return ray_builder(cluster)
 
 
 def is_vectors_folder(path: Path) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,10 @@ from pactl.verbs.vector_sources import read_parts
 if TYPE_CHECKING:
     from pactl.checkpoint import ModelSource
 
+# (vectors folder, its (vectors, ids) parts, settings, reporter, the bundle's new generation)
+# -> (index, tuning record): a float index built elsewhere (pactl.engines.indexing)
+FloatBuild = Callable[[Path, list[Any], IndexConfig, Reporter, Path], tuple[Any, dict[str, Any]]]
+
 
 def index_vectors(
     vectors_dir: Path,
@@ -29,6 +34,7 @@ def index_vectors(
     config: IndexConfig,
     reporter: Reporter,
     overwrite: bool = False,
+    build: FloatBuild | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Build a bundle from an embed output folder; returns (bundle folder, meta).
 
@@ -37,7 +43,8 @@ def index_vectors(
     keeps them deleted (by path): they are tombstones again in the new bundle, so a later
     rebuild still knows them, and the items a compaction removed stay listed as removed. A
     rebuild that would drop live items of the bundle (added with --add, or another set of
-    images) is refused unless `overwrite`.
+    images) is refused unless `overwrite`. `build` builds a float index elsewhere (another
+    engine's shard tasks: pactl.engines.indexing) into the bundle's new generation.
     """
     from pactl.index import (
         BUNDLE_FILES,
@@ -56,6 +63,8 @@ def index_vectors(
     if meta["count"] == 0:
         raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
     binary = binary_config(config, meta, int(parts[0][0].shape[1]))
+    if binary is not None and build is not None:
+        raise PactlError("--engine ray builds float bundles; build a binary one without it")
     out = out or default_bundle_dir(meta.get("checkpoint"))
     check_apart(vectors_dir, out)
     check_replaceable(out, BUNDLE_FORMAT, BUNDLE_FILES)
@@ -78,6 +87,8 @@ def index_vectors(
         shards = [(vectors, part_items.ids) for vectors, part_items in parts]
         if binary is not None:  # codes, rescored from a float copy in the bundle
             index, tuning = build_binary(shards, binary, reporter, gen, items.positions)
+        elif build is not None:
+            index, tuning = build(vectors_dir, shards, config, reporter, gen)
         elif wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
             index, tuning = build_ondisk_index(shards, config, reporter, gen)
         else:  # in memory, the shards read in turn and never joined
