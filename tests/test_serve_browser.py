@@ -75,7 +75,12 @@ def test_upload_see_k_results_click_one(served: Service, page: Any) -> None:
         then = client.post("/query", params=params).json()["results"][0]["hits"]
     tiles[1].click()
     wait_for_ids(page, [h["id"] for h in then])
-    assert page.inner_text("#query-name") == clicked["path"]
+    # The clicked query is shown as its results are: folder and name, the whole path on hover.
+    shown = "/".join(clicked["path"].split("/")[-2:])
+    assert page.inner_text("#query-name") == shown
+    assert page.get_attribute("#query-name", "title") == clicked["path"]
+    tiles_shown = [t.inner_text() for t in page.query_selector_all("#results .path")]
+    assert tiles_shown and all(s.count("/") == 1 for s in tiles_shown), tiles_shown
     assert clicked["id"] not in tile_ids(page)
     scores = [t.inner_text() for t in page.query_selector_all("#results .score")]
     assert scores == [f"{h['score']:.4f}" for h in then]

@@ -65,7 +65,14 @@ async function searchItem(id, path) {
 function showQuery(src, name) {
   $("query").hidden = false;
   $("query-image").src = src;
-  $("query-name").textContent = name;
+  $("query-name").textContent = shownPath(name);
+  $("query-name").title = name;
+}
+
+// A path as the page shows it, for a query and its results alike: its folder and file name
+// (the whole path in the tooltip).
+function shownPath(path) {
+  return path.split("/").slice(-2).join("/");
 }
 
 async function search(path, options) {
@@ -100,7 +107,7 @@ async function render(hits) {
     label.textContent = hit.label || "(no label)";
     const path = document.createElement("span");
     path.className = "path";
-    path.textContent = hit.path.split("/").slice(-2).join("/");
+    path.textContent = shownPath(hit.path);
     tile.append(img, score, label, path);
     tile.addEventListener("click", () => searchItem(hit.id, hit.path));
     item.append(tile);
