@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 from typing import Any, TextIO
 
@@ -65,12 +66,16 @@ class HitWriter:
         else:
             for h in rows:  # ensure_ascii (the default): see the module's docstring
                 self.stream.write(
-                    json.dumps(dict(zip(self.columns, self._values(h), strict=True))) + "\n"
+                    json.dumps(dict(zip(self.columns, self._json_values(h), strict=True))) + "\n"
                 )
         self.stream.flush()
 
     def _values(self, hit: Any) -> list[Any]:
         return [hit.query, hit.rank, hit.id, hit.path, hit.label, round(float(hit.score), 6)]
+
+    def _json_values(self, hit: Any) -> list[Any]:
+        """A row's values for JSON Lines (where a cell may be a list, not its CSV text)."""
+        return self._values(hit)
 
     def _paths(self, rows: list[Any]) -> None:
         """Newline-separated output cannot tell a newline in a name from the end of one: the
@@ -169,24 +174,46 @@ class GroupWriter(HitWriter):
 
 
 class FindingWriter(HitWriter):
-    """`pactl audit`'s rows, list by list (suspected labels, outliers, leaks, conflicts): kind,
-    rank, score, path, split, label, suggested, other, other_split, other_label; written like
-    query hits (the same escaping, exact CSV, ASCII JSON Lines, bare paths)."""
+    """`pactl audit`'s rows, list by list (suspected labels, outliers, copies, the image
+    checks): kind, rank, score, path, split, label, suggested, other, other_split, other_label,
+    then the evidence (appended, so that readers of the first ten keep working): id,
+    class_share, neighbour_share, neighbours, box, box_in, reason. Written like query hits (the
+    same escaping, exact CSV, ASCII JSON Lines, bare paths). In JSON Lines `neighbours` is a
+    list of {id, label, cosine} and `box` a list [left, top, right, bottom]; in CSV they are
+    one cell each: `id:cosine:label;...` (in a label, `%`, `;` written %25, %3B) and
+    `left top right bottom`; a share not known is empty (null in JSON)."""
 
     columns: tuple[str, ...] = (
         "kind", "rank", "score", "path", "split", "label", "suggested", "other", "other_split",
-        "other_label",
+        "other_label", "id", "class_share", "neighbour_share", "neighbours", "box", "box_in",
+        "reason",
     )  # fmt: skip
     titles = {
         "label": "suspected wrong labels (score: doubt of the label)",
         "outlier": "outliers (score: 1 - cosine to the nearest class or neighbour)",
-        "leak": "copies across splits (score: cosine)",
-        "conflict": "copies with two labels (score: cosine)",
+        "leak": "copies across splits (score: aligned likeness)",
+        "conflict": "copies with two labels (score: aligned likeness)",
+        "copy": "copies within the set (score: aligned likeness)",
+        "unreadable": "unreadable images",
     }
 
+    def _json_values(self, hit: Any) -> list[Any]:
+        values = self._plain(hit)
+        values[13] = [{"id": j, "label": name, "cosine": c} for j, name, c in hit.neighbours]
+        values[14] = list(hit.box) if hit.box is not None else None
+        return values
+
     def _values(self, hit: Any) -> list[Any]:
+        values = self._plain(hit)
+        values[11:13] = ["" if v is None else v for v in values[11:13]]
+        values[13] = ";".join(f"{j}:{c:.4f}:{cell_label(name)}" for j, name, c in hit.neighbours)
+        values[14] = " ".join(f"{v:.4f}" for v in hit.box) if hit.box is not None else ""
+        return values
+
+    def _plain(self, hit: Any) -> list[Any]:
         values = [getattr(hit, c) for c in self.columns]
         values[2] = round(float(hit.score), 6)
+        values[11:13] = [round(float(v), 6) if math.isfinite(v) else None for v in values[11:13]]
         return values
 
     def _table(self, hits: list[list[Any]]) -> None:
@@ -196,11 +223,11 @@ class FindingWriter(HitWriter):
             table = Table(title=self.titles.get(rows[0].kind, rows[0].kind), title_justify="left")
             table.add_column("rank", justify="right")
             table.add_column("score", justify="right")
-            paired = rows[0].kind in ("leak", "conflict")
+            paired = rows[0].kind in ("leak", "conflict", "copy")
             names = (
-                ("label", "path", "other_label", "other")
+                ("label", "path", "other_label", "other", "reason")
                 if paired
-                else ("label", "suggested", "path")
+                else ("label", "suggested", "path", "reason")
             )
             for name in ("split", *names):  # folded when long, never cut short with an ellipsis
                 table.add_column(name, overflow="fold")
@@ -208,3 +235,9 @@ class FindingWriter(HitWriter):
                 cells = [Text(visible(str(getattr(h, name)))) for name in ("split", *names)]
                 table.add_row(str(h.rank), f"{h.score:.4f}", *cells)
             self.console.print(table)
+
+
+def cell_label(label: str) -> str:
+    """A label inside the neighbours' CSV cell: `%` and `;` escaped, so that the cell splits at
+    `;` and each part at its first two `:` (the label may hold `:`)."""
+    return label.replace("%", "%25").replace(";", "%3B")

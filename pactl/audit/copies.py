@@ -83,12 +83,16 @@ class CopyThreshold:
 @dataclass(frozen=True)
 class Copy:
     """Two items at or above the copy threshold: `row` and `other` (for a leak, the item outside
-    the train split and the train item), their likeness, and what makes them worth a look."""
+    the train split and the train item), their likeness, and what makes them worth a look; the
+    box (left, top, right, bottom, shares of the sides) of `box_in`'s image the other one was
+    aligned on (None: not known)."""
 
     row: int
     other: int
     score: float
-    kind: str  # leak (across splits) | conflict (two labels)
+    kind: str  # leak (across splits) | conflict (two labels) | copy (a set without either)
+    box: tuple[float, float, float, float] | None = None
+    box_in: int = -1
 
 
 Pairs = tuple[np.ndarray, np.ndarray, np.ndarray]  # (low row, high row, likeness), each pair once
@@ -111,12 +115,15 @@ class Candidates:
 @dataclass(frozen=True)
 class Proposals:
     """Every audited row's whole-image descriptor (unit rows, zero where unread), the bases the
-    boxes are cut from (None above CROP_ITEMS rows) and the candidate pairs."""
+    boxes are cut from (None above CROP_ITEMS rows), the candidate pairs, and each row's mean
+    descriptor cosine to its k nearest other rows (NaN where unread or blank: an outlier's is
+    low)."""
 
     describe: Any  # pactl.audit.thumbnails.Whitening: thumbnails -> descriptors
     descriptors: np.ndarray
     bases: np.ndarray | None
     candidates: Candidates
+    nearest: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -177,17 +184,35 @@ def find_copies(
     batch_size: int,
     reporter: Reporter,
     workers: int = 1,
+    pictures: Any = None,
 ) -> tuple[list[Copy], CopyThreshold | None]:
     """The leaks and conflicts among the candidates proposed by the thumbnail descriptor and
     aligned (each image's k likeliest originals, at least CANDIDATES; by `workers` processes),
-    at the `given` likeness or one calibrated on the set (none: too few images read)."""
-    proposals = propose(data, max(k, CANDIDATES), batch_size, reporter, workers)
+    at the `given` likeness or one calibrated on the set (none: too few images read);
+    `pictures`: the images' thumbnails where already read (pactl.audit.thumbnails.Pictures)."""
+    proposals = propose(data, max(k, CANDIDATES), batch_size, reporter, workers, pictures)
     if proposals is None:
         reporter.log("copies: not looked for (fewer than 2 of the images can be read)")
         return [], None
+    return accepted_copies(data, proposals, given, reporter, workers)
+
+
+def accepted_copies(
+    data: CopySource,
+    proposals: Proposals,
+    given: float | None,
+    reporter: Reporter,
+    workers: int = 1,
+    every: bool = False,
+) -> tuple[list[Copy], CopyThreshold]:
+    """find_copies' second step: the proposals aligned and accepted at the `given` likeness or
+    one calibrated on the set; `every`: each pair accepted is reported (kind copy), for a set
+    without labels or splits."""
     made = made_copies(data, proposals, seed=0)
     floor = proposal_floor(made, crops=proposals.bases is not None)
-    pairs = aligned_pairs(data, proposals.candidates, floor, reporter, workers)
+    pairs, originals, boxes = aligned_with_boxes(
+        data, proposals.candidates, floor, reporter, workers
+    )
     if given is not None:
         threshold = CopyThreshold(given, f"{given:.4f} likeness (given)")
     else:
@@ -198,7 +223,21 @@ def find_copies(
         f"{counted(len(pairs[0]), 'candidate pair')} at cosine {floor:.4f} or more (where "
         f"{PROPOSED:.0%} of the copies made are) aligned pixel by pixel: {threshold.how}"
     )
-    return copy_pairs(data, pairs, threshold.likeness), threshold
+    copies = copy_pairs(data, pairs, threshold.likeness, every)
+    return [with_box(c, pairs, originals, boxes) for c in copies], threshold
+
+
+def with_box(copy: Copy, pairs: Pairs, originals: np.ndarray, boxes: np.ndarray) -> Copy:
+    """`copy` with the box its pair was aligned on, from the aligned pairs (low, high sorted)."""
+    from dataclasses import replace
+
+    from pactl.audit.thumbnails import BOXES
+
+    low, high = min(copy.row, copy.other), max(copy.row, copy.other)
+    at = np.flatnonzero((pairs[0] == low) & (pairs[1] == high))
+    if not len(at):
+        return copy
+    return replace(copy, box=BOXES[int(boxes[at[0]])], box_in=int(originals[at[0]]))
 
 
 def proposal_floor(made: MadeCopies, crops: bool) -> float:
@@ -210,12 +249,17 @@ def proposal_floor(made: MadeCopies, crops: bool) -> float:
 
 
 def propose(
-    data: CopySource, k: int, batch_size: int, reporter: Reporter, workers: int = 1
+    data: CopySource,
+    k: int,
+    batch_size: int,
+    reporter: Reporter,
+    workers: int = 1,
+    pictures: Any = None,
 ) -> Proposals | None:
-    """Every row's descriptor (the images read by `workers` processes) and the candidate pairs:
-    each row's k nearest whole images, and the PER_BOX nearest of each box of it (up to
-    CROP_ITEMS rows), through a FAISS index of the whole descriptors, in batches (None: fewer
-    than 2 images read)."""
+    """Every row's descriptor (the images read by `workers` processes, unless `pictures` holds
+    them already) and the candidate pairs: each row's k nearest whole images, and the PER_BOX
+    nearest of each box of it (up to CROP_ITEMS rows, where `pictures` kept the bases), through
+    a FAISS index of the whole descriptors, in batches (None: fewer than 2 images read)."""
     from pactl.audit.thumbnails import (
         BOXES,
         DIMS,
@@ -226,7 +270,8 @@ def propose(
     )
     from pactl.index.exact import cosine_index
 
-    pictures = read_pictures(data.paths, reporter, len(data) <= CROP_ITEMS, workers)
+    if pictures is None:
+        pictures = read_pictures(data.paths, reporter, len(data) <= CROP_ITEMS, workers)
     if pictures.read.sum() < 2:
         return None
     if not pictures.read.all():
@@ -239,15 +284,17 @@ def propose(
             pictures.thumbs[start : start + batch_size]
         )
     bases, read = pictures.bases, pictures.read
-    del pictures  # the thumbnails: 0.3 GiB at 1,000,000 images
+    blank = ~np.any(descriptors != 0, axis=1) | ~read  # unread or uniform: matches nothing
     nearest = cosine_index(descriptors)
     found: list[Found] = []
+    closeness = np.full(len(data), np.nan, dtype=np.float32)
     for start in range(0, len(data), batch_size):
         rows = np.arange(start, min(start + batch_size, len(data)))
         sims, hits = nearest(descriptors[rows], k + 1)
         found.append(
             (hits, np.broadcast_to(rows[:, None], hits.shape), sims, np.zeros(hits.shape, np.int16))
         )
+        closeness[rows] = mean_nearest(rows, hits, sims, blank, k)
     if bases is not None:
         boxes = np.arange(1, len(BOXES))
         with reporter.bar("looking in crop boxes", total=len(data)) as advance:
@@ -269,8 +316,18 @@ def propose(
                     )
                 )
                 advance(len(rows))
-    blank = ~np.any(descriptors != 0, axis=1) | ~read  # unread or uniform: matches nothing
-    return Proposals(describe, descriptors, bases, likeliest(found, blank, k))
+    closeness[blank] = np.nan
+    return Proposals(describe, descriptors, bases, likeliest(found, blank, k), closeness)
+
+
+def mean_nearest(
+    rows: np.ndarray, hits: np.ndarray, sims: np.ndarray, blank: np.ndarray, k: int
+) -> np.ndarray:
+    """Each row's mean cosine `sims` (B, k + 1) to its first k `hits` (B, k + 1) that are
+    neither itself nor `blank` (an outlier's is low)."""
+    others = (hits != rows[:, None]) & (hits >= 0) & ~blank[np.maximum(hits, 0)]
+    use = others & (np.cumsum(others, axis=1) <= k)
+    return np.where(use, sims, 0).sum(axis=1) / np.maximum(use.sum(axis=1), 1)
 
 
 def likeliest(found: list[Found], blank: np.ndarray, k: int) -> Candidates:
@@ -353,6 +410,14 @@ def aligned_pairs(
     ALIGN_MOST likeliest where more do), once (its best of the two directions), aligned by
     `workers` processes (in this one below ALIGN_PARALLEL_FROM pairs); a pair with an unreadable
     image is left out."""
+    return aligned_with_boxes(data, candidates, floor, reporter, workers)[0]
+
+
+def aligned_with_boxes(
+    data: CopySource, candidates: Candidates, floor: float, reporter: Reporter, workers: int = 1
+) -> tuple[Pairs, np.ndarray, np.ndarray]:
+    """aligned_pairs, and for each pair the row it was aligned as the original of and the
+    position in BOXES of the box of it."""
     from pactl.audit.thumbnails import BOXES
 
     keep = np.flatnonzero(candidates.cosine >= floor)
@@ -377,8 +442,10 @@ def aligned_pairs(
     first, second = candidates.original[keep], candidates.copy[keep]
     low, high, ok = np.minimum(first, second), np.maximum(first, second), np.isfinite(scores)
     low, high, scores = low[ok], high[ok], scores[ok]
+    originals, boxes = first[ok], candidates.box[keep][ok]
     chosen = best_of_each(low * len(data) + high, scores)
-    return low[chosen], high[chosen], scores[chosen].astype(np.float32)
+    pairs = (low[chosen], high[chosen], scores[chosen].astype(np.float32))
+    return pairs, originals[chosen], boxes[chosen]
 
 
 def align(items: list[Any], workers: int, reporter: Reporter) -> np.ndarray:
@@ -425,7 +492,10 @@ def precise_likeness(data: CopySource, pairs: Pairs) -> tuple[float, str]:
     null = np.sort(score[~across & (score < IDENTICAL)] if several else score[two])
     reported = np.sort(score[across] if several else score[two])
     if not len(null):
-        return -1.0, "no neighbour pairs within a split to estimate false pairs by"
+        return -1.0, (
+            "no aligned pairs known to be distinct (within a split, or under two labels) to "
+            "estimate false pairs by"
+        )
     scale = possible[0] / possible[1] if several and possible[1] else 1.0
     candidates = np.unique(np.r_[reported, np.nextafter(null[-1], np.inf)])
     false = scale * (len(null) - np.searchsorted(null, candidates, side="left"))
@@ -447,14 +517,17 @@ def possible_pairs(split: np.ndarray) -> tuple[int, int]:
     return n * (n - 1) // 2 - one_split, one_split
 
 
-def copy_pairs(data: CopySource, pairs: Pairs, threshold: float) -> list[Copy]:
+def copy_pairs(data: CopySource, pairs: Pairs, threshold: float, every: bool = False) -> list[Copy]:
     """The leaks and the conflicts among the aligned `pairs` at or above `threshold`, likeliest
-    first."""
+    first; `every`: each pair there as a copy (a set without labels or splits)."""
     low, high, score = pairs
     keep = score >= threshold
     copies = []
     splits = data.splits
     for a, b, s in zip(low[keep].tolist(), high[keep].tolist(), score[keep].tolist(), strict=True):
+        if every:
+            copies.append(Copy(a, b, s, "copy"))
+            continue
         if splits[a] and splits[b] and splits[a] != splits[b]:
             first, second = (b, a) if splits[a] == "train" else (a, b)
             copies.append(Copy(first, second, s, "leak"))

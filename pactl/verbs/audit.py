@@ -12,12 +12,17 @@ neighbour (outliers).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pactl.audit import doubt
+from pactl.audit.checks import ImageChecks
+from pactl.audit.classes import ClassView, class_view
+from pactl.audit.classes import words as class_words
 from pactl.audit.copies import Copy, CopyThreshold
 from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_SCORE_NAMES, check_options, setting
 from pactl.console import Reporter, counted
@@ -41,6 +46,9 @@ class AuditConfig:
     )
     copies: bool = setting(
         True, flag(), "Look for copies across splits and under two labels.", option="--no-copies"
+    )
+    checks: bool = setting(
+        True, flag(), "Run the image checks (dark, bright, blurry, ...).", option="--no-checks"
     )
     device: str = setting("auto", device(), "Where a run's network embeds.")
     batch_size: int = setting(4096, integer(1), "Items scored at once.", cli=False)
@@ -71,6 +79,8 @@ class AuditResult:
     witness: str  # what the classes' witness held items against, in words
     found: np.ndarray  # (N, k) each row's nearest other rows (-1: none), nearest first
     sims: np.ndarray  # (N, k) their cosines
+    checks: ImageChecks | None = None  # the image checks (None: not run)
+    classes: ClassView | None = None
 
     def ranked(self, values: np.ndarray, top: int) -> np.ndarray:
         """Rows by `values`, highest first (ties: the earlier row), the first `top` (0: all)."""
@@ -90,15 +100,47 @@ def audit(target: Path, config: AuditConfig, reporter: Reporter) -> AuditResult:
     centres, witness = choose_centres(data, config)
     reporter.log(f"auditing {counted(len(data), 'labelled item')} of {data.what}: {witness}")
     scores, found, sims = score_rows(data, centres, config, reporter)
+    view = class_view(data.codes, data.names, scores.doubt, scores.suggested)
+    reporter.log(class_words(view))
     copies: list[Copy] = []
     threshold: CopyThreshold | None = None
+    pictures = read_images(data.paths, config, reporter)
+    checks = image_checks(pictures, reporter) if config.checks and pictures else None
     if config.copies:  # by the thumbnail descriptor, not the network's vectors
         from pactl.audit.copies import find_copies
 
-        k, given = config.neighbours, config.copy_threshold
-        workers = config.workers or min(os.cpu_count() or 1, 8)
-        copies, threshold = find_copies(data, k, given, config.batch_size, reporter, workers)
-    return AuditResult(data, scores, copies, threshold, witness, found, sims)
+        k, given, workers = config.neighbours, config.copy_threshold, worker_count(config)
+        copies, threshold = find_copies(
+            data, k, given, config.batch_size, reporter, workers, pictures
+        )
+    return AuditResult(data, scores, copies, threshold, witness, found, sims, checks, view)
+
+
+def worker_count(config: AuditConfig) -> int:
+    """--workers, or one process per core (at most 8)."""
+    return config.workers or min(os.cpu_count() or 1, 8)
+
+
+def read_images(paths: Sequence[str], config: AuditConfig, reporter: Reporter) -> Any:
+    """The images' thumbnails and check measures, each image decoded once for the copies and the
+    checks (pactl.audit.thumbnails.Pictures; the bases kept where crops are looked for), or None
+    where neither is asked for."""
+    from pactl.audit.copies import CROP_ITEMS
+    from pactl.audit.thumbnails import read_pictures
+
+    if not (config.copies or config.checks):
+        return None
+    bases = config.copies and len(paths) <= CROP_ITEMS
+    return read_pictures(paths, reporter, bases, worker_count(config))
+
+
+def image_checks(pictures: Any, reporter: Reporter) -> ImageChecks:
+    """The image checks of the pictures read, and one line of what they found."""
+    from pactl.audit.checks import run_checks, summary
+
+    checks = run_checks(pictures.measures, pictures.read, pictures.reasons)
+    reporter.log(summary(checks))
+    return checks
 
 
 def choose_centres(
@@ -266,11 +308,17 @@ def write_clean_manifest(result: AuditResult, drop: np.ndarray, out: Path) -> in
     return len(rows)
 
 
+Neighbour = tuple[int, str, float]  # an audited row's id, its label, its cosine
+
+
 @dataclass(frozen=True)
 class Finding:
-    """One row of `pactl audit`'s output (pactl.output.FindingWriter)."""
+    """One row of `pactl audit`'s output (pactl.output.FindingWriter), with its evidence: the
+    row's `id` (its position among the audited items), for a suspected label the two witnesses'
+    shares and the k nearest items, for a copy the box aligned on (shares of the sides of
+    `box_in`'s image: path or other) and for every row the reason in words."""
 
-    kind: str  # label | outlier | leak | conflict
+    kind: str  # label | outlier | leak | conflict | copy | an image check (pactl.audit.checks)
     rank: int
     score: float
     path: str
@@ -280,41 +328,106 @@ class Finding:
     other: str = ""
     other_split: str = ""
     other_label: str = ""
+    id: int = -1
+    class_share: float = float("nan")
+    neighbour_share: float = float("nan")
+    neighbours: tuple[Neighbour, ...] = ()
+    box: tuple[float, float, float, float] | None = None
+    box_in: str = ""
+    reason: str = ""
 
 
 def findings(result: AuditResult, top: int) -> list[list[Finding]]:
-    """The four lists, each its first `top` rows (0: all): suspected labels by doubt, outliers,
-    leaks and conflicts by likeness (their score)."""
+    """The lists, each its first `top` rows (0: all): suspected labels by doubt, outliers,
+    leaks and conflicts by likeness (their score), then each image check's images."""
     data, scores = result.data, result.scores
 
     def name(code: int) -> str:
         return data.names[code] if code >= 0 else ""
 
-    def item(kind: str, rank: int, score: float, row: int, **more: str) -> Finding:
+    def near(i: int) -> tuple[Neighbour, ...]:
+        hits = zip(result.found[i].tolist(), result.sims[i].tolist(), strict=True)
+        return tuple((j, name(int(data.codes[j])), round(s, 6)) for j, s in hits if j >= 0)
+
+    def item(kind: str, rank: int, score: float, row: int, **more: Any) -> Finding:
         label = name(int(data.codes[row]))
-        return Finding(kind, rank, score, data.paths[row], data.splits[row], label, **more)
+        return Finding(kind, rank, score, data.paths[row], data.splits[row], label, id=row, **more)
 
     labels = [
-        item("label", r, scores.doubt[i], i, suggested=name(int(scores.suggested[i])))
+        item(
+            "label", r, scores.doubt[i], i, suggested=name(int(scores.suggested[i])),
+            class_share=float(scores.classes[i]), neighbour_share=float(scores.neighbours[i]),
+            neighbours=near(i), reason=doubt_reason(scores, i),
+        )
         for r, i in enumerate(result.ranked(scores.doubt, top).tolist(), start=1)
-    ]
+    ]  # fmt: skip
     outliers = [
-        item("outlier", r, scores.outlier[i], i)
+        item(
+            "outlier", r, scores.outlier[i], i, neighbours=near(i),
+            reason=f"nearest class or neighbour at cosine {1 - scores.outlier[i]:.4f}",
+        )
         for r, i in enumerate(result.ranked(scores.outlier, top).tolist(), start=1)
-    ]
-    pairs: dict[str, list[Finding]] = {"leak": [], "conflict": []}
-    for c in result.copies:
+    ]  # fmt: skip
+    pairs = copy_findings(result.copies, top, item, lambda j: name(int(data.codes[j])), data)
+    lists = [labels, outliers, pairs["leak"], pairs["conflict"]]
+    if result.checks is not None:
+        lists += check_findings(result.checks, top, item)
+    return lists
+
+
+def doubt_reason(scores: Scores, i: int) -> str:
+    """A suspected label's evidence in words: each witness's belief in it."""
+    parts = [
+        f"{what} {value:.2f}"
+        for what, value in (
+            ("class share", scores.classes[i]), ("neighbour share", scores.neighbours[i])
+        )
+        if np.isfinite(value)
+    ]  # fmt: skip
+    return "label believed by " + (", ".join(parts) or "no witness")
+
+
+def copy_findings(
+    copies: list[Copy], top: int, item: Any, label_of: Any, data: Any
+) -> dict[str, list[Finding]]:
+    """The copies' rows by kind (leak, conflict, copy), each its first `top`, with the box the
+    pair was aligned on and its likeness in words."""
+    pairs: dict[str, list[Finding]] = {"leak": [], "conflict": [], "copy": []}
+    for c in copies:
         kept = pairs[c.kind]
         if top and len(kept) >= top:
             continue
-        other = c.other
+        other, box_in = c.other, {c.row: "path", c.other: "other"}.get(c.box_in, "")
+        where = f" on a box of {box_in}'s image" if c.box is not None and box_in else ""
         kept.append(
             item(
                 c.kind, len(kept) + 1, c.score, c.row, other=data.paths[other],
-                other_split=data.splits[other], other_label=name(int(data.codes[other])),
+                other_split=data.splits[other], other_label=label_of(other), box=c.box,
+                box_in=box_in, reason=f"aligned{where}: likeness {c.score:.4f}",
             )
         )  # fmt: skip
-    return [labels, outliers, pairs["leak"], pairs["conflict"]]
+    return pairs
+
+
+def check_findings(checks: ImageChecks, top: int, item: Any) -> list[list[Finding]]:
+    """Each image check's list (pactl.audit.checks.NAMES order): the images it flags, the
+    furthest past its threshold first, each its first `top`; score: the check's measure."""
+    from pactl.audit.checks import NAMES, UNREADABLE
+
+    lists = []
+    for check in NAMES:
+        rows = checks.ranked(check).tolist()
+        rows = rows[:top] if top else rows
+        lists.append(
+            [
+                item(
+                    check, r, 0.0 if check == UNREADABLE else float(checks.values[check][i]), i,
+                    reason=checks.reason(check, i),
+                )
+                for r, i in enumerate(rows, start=1)
+            ]
+        )  # fmt: skip
+    return lists
 
 
 SheetTile = tuple[str, str, float]  # pactl.report.SheetTile: path, caption's label, score

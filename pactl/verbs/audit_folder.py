@@ -1,0 +1,121 @@
+"""`pactl audit FOLDER` without labels and without a trained run: the copies and near copies
+within the set, its outliers and the image checks, from one decode of each image (the
+thumbnails). What needs labels (suspected labels, the class view, leaks across splits) is said
+so in one line.
+
+The copy search treats the set as one split under one label and reports every pair it accepts
+(kind copy); its threshold is the likeness the copies it makes of the set's own images reach
+(pactl.audit.copies: without splits or labels no pair is known to be distinct, so the share of
+false pairs cannot be estimated and stderr says so). Outliers are the images whose thumbnail
+descriptors lie farthest from their k nearest: 1 - the mean cosine to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pactl.audit.checks import ImageChecks
+from pactl.audit.copies import Copy, CopyThreshold
+from pactl.console import Reporter, counted
+from pactl.errors import PactlError, UsageError
+from pactl.verbs.audit import AuditConfig, Finding
+
+NEEDS_LABELS = (
+    "without labels: no suspected labels, class view or leaks across splits (they need a "
+    "labelled set and a run: pactl train DATA, then pactl audit runs/<run>)"
+)
+
+
+@dataclass
+class Unlabelled:
+    """The images of a folder as one split under one label (pactl.audit.copies.CopySource)."""
+
+    paths: list[str]
+    codes: np.ndarray
+    splits: list[str]
+    what: str
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+@dataclass
+class FolderResult:
+    data: Unlabelled
+    outlier: np.ndarray  # (N,) 1 - mean descriptor cosine to the k nearest (NaN: not read)
+    copies: list[Copy]
+    threshold: CopyThreshold | None
+    checks: ImageChecks | None
+
+
+def read_folder(folder: Path, no_labels: bool, reporter: Reporter) -> Unlabelled:
+    """Every image below `folder`; a folder of class sub-folders needs `no_labels` (its labels
+    are audited through a run)."""
+    from pactl.datasets import list_images
+
+    files = list_images(folder, reporter=reporter)
+    if not files:
+        raise PactlError(f"{folder} holds no images (and is neither a run nor a bundle)")
+    nested = any(len(p.relative_to(folder).parts) >= 2 for p in files)
+    if nested and not no_labels:
+        raise UsageError(
+            f"{folder} holds class sub-folders: audit its labels through a run (pactl train "
+            f"{folder}, then pactl audit runs/<run>), or pass --no-labels for its copies, "
+            "outliers and image checks without them"
+        )
+    paths = [str(p.absolute()) for p in files]
+    return Unlabelled(paths, np.zeros(len(paths), np.int64), [""] * len(paths), str(folder))
+
+
+def audit_folder(folder: Path, config: AuditConfig, no_labels: bool, reporter: Reporter) -> Any:
+    """The label-free audit of the images below `folder` (FolderResult)."""
+    from pactl.audit.copies import CANDIDATES, accepted_copies, propose
+    from pactl.verbs.audit import image_checks, read_images, worker_count
+
+    data = read_folder(folder, no_labels, reporter)
+    reporter.log(f"auditing {counted(len(data), 'image')} of {folder}; {NEEDS_LABELS}")
+    pictures = read_images(data.paths, replace(config, copies=True), reporter)
+    checks = image_checks(pictures, reporter) if config.checks else None
+    k, workers = max(config.neighbours, CANDIDATES), worker_count(config)
+    proposals = propose(data, k, config.batch_size, reporter, workers, pictures)
+    del pictures
+    if proposals is None:
+        reporter.log("copies and outliers: not looked for (fewer than 2 images can be read)")
+        return FolderResult(data, np.full(len(data), np.nan), [], None, checks)
+    copies: list[Copy] = []
+    threshold = None
+    if config.copies:
+        given = config.copy_threshold
+        copies, threshold = accepted_copies(data, proposals, given, reporter, workers, every=True)
+        reporter.log(f"copies: {threshold.how}")
+    return FolderResult(data, 1.0 - proposals.nearest, copies, threshold, checks)
+
+
+def folder_findings(result: FolderResult, top: int) -> list[list[Finding]]:
+    """The lists of a label-free audit, each its first `top` rows (0: all): outliers, copies
+    within the set by likeness, then each image check's images."""
+    from pactl.verbs.audit import check_findings, copy_findings
+
+    data = result.data
+
+    def item(kind: str, rank: int, score: float, row: int, **more: Any) -> Finding:
+        return Finding(kind, rank, score, data.paths[row], "", "", id=row, **more)
+
+    seen = np.flatnonzero(np.isfinite(result.outlier))
+    order = seen[np.lexsort((seen, -result.outlier[seen]))]
+    order = order[:top] if top else order
+    outliers = [
+        item(
+            "outlier", r, float(result.outlier[i]), i,
+            reason=f"mean thumbnail cosine to its nearest {1 - result.outlier[i]:.4f}",
+        )
+        for r, i in enumerate(order.tolist(), start=1)
+    ]  # fmt: skip
+    lists = [outliers, copy_findings(result.copies, top, item, lambda j: "", data)["copy"]]
+    if result.checks is not None:
+        lists += check_findings(result.checks, top, item)
+    return lists
