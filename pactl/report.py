@@ -229,10 +229,12 @@ def suspect_sheet(
     shown: int = 3,
     thumb: int = 96,
     border: int = 5,
+    notes: Sequence[str] = (),
 ) -> None:
     """`pactl audit`'s contact sheet: per suspect (framed black, captioned `given→suggested`
     and its doubt), its `shown` nearest images carrying the given label (framed red), then its
-    nearest carrying the suggested one (framed green), each captioned with label and cosine."""
+    nearest carrying the suggested one (framed green), each captioned with label and cosine;
+    `notes[r]`, where given, written across the top of row r's suspect (its evidence)."""
     fmt = check_image_path(out)
     from PIL import Image, ImageDraw
 
@@ -245,6 +247,12 @@ def suspect_sheet(
         y = r * (cell + CAPTION_HEIGHT)
         path, label, score = suspect
         _tile(sheet, draw, path, (0, y), thumb, border, QUERY_FRAME, (label, score))
+        if r < len(notes) and notes[r]:
+            note = notes[r]
+            while len(note) > 1 and draw.textlength(note) > thumb - 2:
+                note = note[:-2] + "…"
+            draw.rectangle([border, y + border, border + thumb - 1, y + border + 13], fill="white")
+            draw.text((border + 1, y + border + 1), note, fill="black", anchor="lt")
         for c, (hit, frame) in enumerate(
             [*((h, RED) for h in given[:shown]), *((h, GREEN) for h in suggested[:shown])]
         ):

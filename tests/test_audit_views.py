@@ -158,3 +158,20 @@ def test_a_folder_of_class_folders_needs_no_labels_or_a_run(
     (tmp_path / "imgs").mkdir()
     code, _, err = run_cli(["audit", "imgs", "--sheet", "s.png"], monkeypatch, capsys)
     assert code == 2 and "--sheet need labels" in one_error(err)
+
+
+def test_the_sheet_writes_each_suspects_evidence_across_its_tile(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from pactl.report import suspect_sheet
+
+    Image.new("RGB", (20, 20), (0, 0, 0)).save(tmp_path / "x.png")
+    rows = [((str(tmp_path / "x.png"), "a→b", 0.9), [], [])]
+    suspect_sheet(rows, tmp_path / "plain.png")
+    suspect_sheet(rows, tmp_path / "noted.png", notes=["class .10 nb .40"])
+    plain = np.asarray(Image.open(tmp_path / "plain.png"))
+    noted = np.asarray(Image.open(tmp_path / "noted.png"))
+    changed = np.argwhere((plain != noted).any(axis=2))
+    assert len(changed) and plain.shape == noted.shape
+    assert changed[:, 0].min() >= 5 and changed[:, 0].max() <= 5 + 13  # a band atop the tile
+    assert changed[:, 1].max() < 5 + 96  # inside the suspect's tile

@@ -468,6 +468,20 @@ def sheet_rows(
     return rows
 
 
+def sheet_notes(result: AuditResult, top: int) -> list[str]:
+    """The evidence written on each of the `top` suspects' tiles of the contact sheet (rows as
+    sheet_rows): the class share and the neighbour share behind its doubt."""
+    scores = result.scores
+
+    def short(value: float) -> str:
+        return f"{value:.2f}".removeprefix("0") if np.isfinite(value) else "-"
+
+    return [
+        f"class {short(scores.classes[i])} nb {short(scores.neighbours[i])}"
+        for i in result.ranked(scores.doubt, top).tolist()
+    ]
+
+
 def planted_report(result: AuditResult) -> str | None:
     """For a run trained with --label-noise: how well the ranking of its training rows (where
     the noise went) finds the labels it changed: AUROC, and precision among the top K (K the
