@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pactl.cli.audit_actions import KeepCopies, card, check_actions, drop_top_value
 from pactl.cli.options import Device, Format, Quiet, check_output, choices, reporter, to_stdout
 from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_SCORE_NAMES
 from pactl.console import counted, out
@@ -115,8 +116,64 @@ def audit(
         ),
     ] = None,
     drop_top: Annotated[
-        int | None,
-        typer.Option(min=1, metavar="N", help="Leave out the N most doubted labels."),
+        str | None,
+        typer.Option(
+            metavar="N|auto",
+            help="Leave out the N most doubted labels; auto: as many as the estimated noise "
+            "rate says are wrong (the audit card's).",
+        ),
+    ] = None,
+    relabel: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            metavar="FILE",
+            help="Decisions for --write-manifest (CSV id,decision[,label] or the JSON Lines "
+            "pactl serve's review page writes): keep/accept takes the suggested label, reject "
+            "keeps the given one, a label given overrides both.",
+        ),
+    ] = None,
+    keep_copies: Annotated[
+        KeepCopies | None,
+        typer.Option(
+            help="Keep one image of each copy group in --write-manifest: first (the earliest "
+            "row), largest (the largest file, ties by path), train (the one in the train "
+            "split, else the largest, ties by path).",
+        ),
+    ] = None,
+    findings_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--findings",
+            metavar="FILE",
+            help="Also write the rows as JSON Lines here, each with the audited set's "
+            "fingerprint (for pactl serve --findings and --relabel).",
+        ),
+    ] = None,
+    labelstudio: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Write the suspected labels as Label Studio tasks (JSON), the suggested label "
+            "as each task's prediction.",
+        ),
+    ] = None,
+    labelstudio_prefix: Annotated[
+        str,
+        typer.Option(
+            metavar="URL",
+            help="Put this before each image's path in the tasks (for Label Studio's local "
+            "files: /data/local-files/?d=, the path then taken below /).",
+        ),
+    ] = "",
+    fiftyone: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Write the suspected labels as a CSV FiftyOne's CSVDataset reads "
+            "(filepath,label,suggested,kind,score,id,reason).",
+        ),
     ] = None,
     fmt: Annotated[
         Format | None,
@@ -145,8 +202,15 @@ def audit(
     from pactl.output import FindingWriter
     from pactl.verbs.audit import AuditConfig, findings, planted_report
     from pactl.verbs.audit import audit as run_audit
+    from pactl.verbs.audit_actions import Actions, act
 
-    dropping = drop is not None or drop_above is not None or drop_top is not None
+    asked = Actions(
+        write_manifest, drop, drop_above, drop_top_value(drop_top), relabel,
+        keep_copies.value if keep_copies else None, findings_file, labelstudio, fiftyone,
+        labelstudio_prefix,
+    )  # fmt: skip
+    dropping = any(x is not None for x in (drop, drop_above, drop_top, relabel, keep_copies))
+    check_actions(asked, False, [p for p in (drop, relabel) if p is not None])
     checks(sheet, write_manifest, dropping)
     log = reporter(quiet)
     config = AuditConfig(
@@ -172,7 +236,9 @@ def audit(
         f"{counted(len(result.data), 'item')}: {counted(len(result.copies), 'copy pair')} "
         "across splits or under two labels"
     )
-    outputs(result, sheet, write_manifest, (drop, drop_above, drop_top), top, log)
+    outputs(result, sheet, None, (drop, drop_above, None), top, log)
+    act(result, findings(result, top), asked, log)
+    card(result, log)
 
 
 def checks(sheet: Path | None, manifest: Path | None, dropping: bool) -> None:
@@ -190,7 +256,8 @@ def checks(sheet: Path | None, manifest: Path | None, dropping: bool) -> None:
         if not dropping:
             raise UsageError(
                 "--write-manifest writes the rows you keep: choose those to leave out with "
-                "--drop FILE, --drop-above DOUBT or --drop-top N"
+                "--drop FILE, --drop-above DOUBT or --drop-top N (or auto), relabel rows with "
+                "--relabel FILE, or keep one of each copy group with --keep-copies RULE"
             )
         check_output(manifest, "--write-manifest", folder=False)
 
