@@ -10,7 +10,6 @@ import importlib.util
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -66,23 +65,12 @@ def check_reachable(address: str) -> None:
 def connected(engine: EngineConfig, reporter: Reporter) -> Iterator[Any]:
     """The ray module, joined to --ray-address or to a Ray started on this machine for the
     block (its CPUs, a small object store, no dashboard). A Ray already initialised in this
-    process (the Python API's caller's) is used as it is and left running. What Ray prints on
-    stdout goes to stderr meanwhile."""
+    process (the Python API's caller's) is used as it is and left running."""
     import ray
 
-    # Ray prints what its raylets report (a worker lost, a task retried) on sys.stdout, where
-    # results go: on stderr for the block, with the log lines.
-    with contextlib.redirect_stdout(sys.stderr):
-        if ray.is_initialized():
-            yield ray
-        else:
-            yield from _started(engine, reporter)
-
-
-def _started(engine: EngineConfig, reporter: Reporter) -> Iterator[Any]:
-    """connected's Ray of its own: joined or started, shut down at the end."""
-    import ray
-
+    if ray.is_initialized():
+        yield ray
+        return
     quiet: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": False,

@@ -47,8 +47,6 @@ STATIC = {  # URL path -> (file in pactl/static, media type): nothing else is ev
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
-    "/review": ("review.html", "text/html; charset=utf-8"),  # pactl.serve.review
-    "/static/review.js": ("review.js", "text/javascript; charset=utf-8"),
 }
 PAGE_SECRET = "{{page-secret}}"  # in index.html: this process's secret, for the page's writes
 UPLOAD_BODY = {  # the multipart body, for the OpenAPI page (the handlers parse it themselves)
@@ -103,10 +101,6 @@ def create_app(config: ServeConfig, engine: Engine, secret: str) -> FastAPI:
     _reads(app)
     _queries(app)
     _writes(app)
-    if config.findings is not None and config.decisions is not None:
-        from pactl.serve.review import open_review, review_routes
-
-        review_routes(app, open_review(config.findings, config.decisions))
     return app
 
 
