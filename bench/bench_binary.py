@@ -195,7 +195,7 @@ def child(args: argparse.Namespace) -> int:
 def _pq_rescored(bundle: Any, floats_file: Path, depth: int) -> Any:
     """A float bundle's K x depth hits rescored by exact cosine on the vectors file (mapped):
     what rescoring gives product-quantised candidates."""
-    from pactl.index.binary.search import rescore
+    from pactl.index.rescoring import rescore
     from pactl.index.search import search
 
     floats = np.load(floats_file, mmap_mode="r")

@@ -220,7 +220,9 @@ def curve(
     grid = (grid[::-1] + 1) * CURVE_STEP  # descending
     at = np.searchsorted(-thresholds, -grid, side="right") - 1  # last threshold >= grid value
     at = at[at >= 0]
-    at = np.unique(at)
+    # Every cosine within one step (a collapsed network): no grid value has a point at or above
+    # it, and the curve keeps its lowest point, so a plot and --precision still have one.
+    at = np.unique(at) if at.size else np.array([len(thresholds) - 1])
     return tuple((float(thresholds[k]), float(precision[k]), float(recall[k])) for k in at.tolist())
 
 

@@ -94,7 +94,7 @@ def test_hamming_order_through_a_bundle_search_with_rescore_0(tmp_path: Path) ->
 def test_rescoring_equals_exact_cosine_on_the_candidates(
     block_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("pactl.index.binary.search.RESCORE_BYTES", block_bytes)
+    monkeypatch.setattr("pactl.index.rescoring.RESCORE_BYTES", block_bytes)
     rng = np.random.default_rng(2)
     vectors = unit(rng.standard_normal((800, 32))).astype(np.float32)
     ids = np.arange(800, dtype=np.int64) + 1000
@@ -256,7 +256,7 @@ def test_rescoring_reaches_the_target_it_was_tuned_for(tmp_path: Path) -> None:
     _, found = search(bundle, queries, 10, np.arange(100))
     recall = np.mean([len(set(f) & set(t)) / 10 for f, t in zip(found, exact, strict=True)])
     assert recall >= 0.9
-    with pytest.raises(PactlError, match="is for binary bundles"):
+    with pytest.raises(PactlError, match="is for bundles of lossy codes"):
         float_dir = tmp_path / "f"
         index_vectors(tmp_path / "v", float_dir, IndexConfig(), QUIET)
         search(load_bundle(float_dir), queries, 10, rescore=4)
@@ -319,7 +319,7 @@ def test_query_on_a_binary_bundle_has_the_float_bundles_shape(
     assert answers["c"][0]["path"].endswith("class_0/0.png")
     args = ["query", image, "--index", str(tmp_path / "f"), "--rescore", "0"]
     code, out, err = run_cli(args, monkeypatch, capsys)
-    assert code == 1 and out == "" and "is for binary bundles" in one_error(err)
+    assert code == 1 and out == "" and "is for bundles of lossy codes" in one_error(err)
     code, out, err = run_cli(["index", "--verify", str(tmp_path / "c")], monkeypatch, capsys)
     assert code == 0 and "5 files" in out, err
 

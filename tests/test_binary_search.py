@@ -15,8 +15,9 @@ from conftest import unit
 from test_binary import code_index, none_rotation, popcount_top
 
 from pactl.errors import PactlError
-from pactl.index.binary import search as binary_search
-from pactl.index.binary.search import MAX_RESCORE, hnsw_of, rescore
+from pactl.index import rescoring
+from pactl.index.binary.search import hnsw_of
+from pactl.index.rescoring import MAX_RESCORE, rescore
 
 FIRST_ID = 100  # item ids are rows + FIRST_ID, so no id is a row and id 0 is no item
 
@@ -65,7 +66,7 @@ def test_rescore_is_the_float64_order_ties_in_candidate_order(
     another or dropped, missing candidates (-1) scored or ranked first, and a block of queries
     without candidates ending the rescoring: the first query has none, the others 24 of 30
     items (only 3 distinct vectors), some missing, the item at row 0 among them."""
-    monkeypatch.setattr(binary_search, "RESCORE_BYTES", block_bytes)
+    monkeypatch.setattr(rescoring, "RESCORE_BYTES", block_bytes)
     floats = tied_floats()
     rng = np.random.default_rng(5)
     queries = unit(rng.standard_normal((4, 8))).astype(np.float32)
@@ -102,8 +103,8 @@ def test_rescore_drops_the_pages_of_each_blocks_rows(monkeypatch: pytest.MonkeyP
         dropped.append(((rows.__array_interface__["data"][0] - base) // row_bytes, len(rows)))
         return False
 
-    monkeypatch.setattr(binary_search, "drop_pages", record)
-    monkeypatch.setattr(binary_search, "RESCORE_BYTES", 1)
+    monkeypatch.setattr(rescoring, "drop_pages", record)
+    monkeypatch.setattr(rescoring, "RESCORE_BYTES", 1)
     found = np.array([[FIRST_ID + 7, FIRST_ID + 3, FIRST_ID + 9], [FIRST_ID, -1, FIRST_ID + 4]])
     rescore(floats, id_positions(30), floats[:2], found, 2)
     assert dropped == [(3, 7), (0, 5)]

@@ -201,8 +201,9 @@ def test_a_score_exactly_at_the_threshold_joins() -> None:
     assert above.count == 0
 
 
-def small_bundle(root: Path, x: np.ndarray, factory: str) -> Path:
-    """A bundle of `x` (ids 100, 101, ...) built by `pactl index VECTORS` with `factory`."""
+def small_bundle(root: Path, x: np.ndarray, factory: str, rescore: int | None = None) -> Path:
+    """A bundle of `x` (ids 100, 101, ...) built by `pactl index VECTORS` with `factory` (and
+    `rescore`: 0 keeps no float copy beside lossy codes)."""
     from test_ondisk import write_vectors_folder
 
     from pactl.config import IndexConfig
@@ -210,7 +211,7 @@ def small_bundle(root: Path, x: np.ndarray, factory: str) -> Path:
     from pactl.verbs.index import index_vectors
 
     write_vectors_folder(root / "v", x, np.arange(len(x)) + 100)
-    index_vectors(root / "v", root / "b", IndexConfig(factory=factory), QUIET)
+    index_vectors(root / "v", root / "b", IndexConfig(factory=factory, rescore=rescore), QUIET)
     return root / "b"
 
 
@@ -241,13 +242,13 @@ def test_a_bundles_own_index_groups_its_live_items(tmp_path: Path, factory: str)
 
 
 def test_a_bundle_of_compressed_codes_is_approximate(tmp_path: Path) -> None:
-    """Codes that are not the vectors (SQ8): scores are approximate, so candidates are searched
-    CODE_MARGIN below the threshold and rescored; groups of near copies still match brute
-    force on the vectors read back."""
+    """Codes that are not the vectors (SQ8, no float copy kept): scores are approximate, so
+    candidates are searched CODE_MARGIN below the threshold and rescored; groups of near copies
+    still match brute force on the vectors read back."""
     from pactl.index import load_bundle
 
     x = planted(np.random.default_rng(4), 80, 15, dim=32)
-    searcher = dedup.BundleSearcher(load_bundle(small_bundle(tmp_path, x, "SQ8")))
+    searcher = dedup.BundleSearcher(load_bundle(small_bundle(tmp_path, x, "SQ8", rescore=0)))
     assert searcher.approximate and searcher.margin == dedup.CODE_MARGIN
     groups = find_groups(searcher, DedupConfig(threshold=0.9))
     read = searcher.vectors(np.arange(searcher.n))

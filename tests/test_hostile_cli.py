@@ -350,12 +350,12 @@ def test_a_grid_replaces_a_file_only_when_asked(
     """--grid named like an existing image (one of the indexed ones, even) leaves it alone
     without --overwrite, as eval --report does."""
     bundle = tiny_bundle(tmp_path, monkeypatch, capsys)
-    image = tmp_path / "imgs" / "class_0" / "0.png"
-    before = image.read_bytes()
+    image, indexed = (tmp_path / "imgs" / f"class_{c}" / "0.png" for c in (0, 1))
+    before = indexed.read_bytes()
     query = ["query", str(image), "--index", str(bundle), "--format", "csv", "-q"]
-    code, out, err = run_cli([*query, "--grid", str(image)], monkeypatch, capsys)
+    code, out, err = run_cli([*query, "--grid", str(indexed)], monkeypatch, capsys)
     assert (code, out) == (1, "") and "exists; pass --overwrite" in one_error(err)
-    assert image.read_bytes() == before
+    assert indexed.read_bytes() == before
     code, out, err = run_cli([*query, "--grid", "g.png", "--overwrite"], monkeypatch, capsys)
     assert code == 0 and (tmp_path / "g.png").stat().st_size > 0, err
     code, _, err = run_cli([*query, "--grid", "g.png", "--overwrite"], monkeypatch, capsys)

@@ -216,7 +216,14 @@ RANGE_NOT_THE_RULE = {
 def record_options() -> list[tuple[str, type]]:
     """Each config record (but train's, tested above) with the verb whose options set it."""
     from pactl.calibrate import CalibrationConfig
-    from pactl.config import EmbedConfig, IndexConfig, OnnxConfig, ParquetConfig, QdrantConfig
+    from pactl.config import (
+        EmbedConfig,
+        EngineConfig,
+        IndexConfig,
+        OnnxConfig,
+        ParquetConfig,
+        QdrantConfig,
+    )
     from pactl.index.grouping import DedupConfig
     from pactl.research.plot import PlotConfig
     from pactl.research.sweep import SweepConfig
@@ -227,7 +234,8 @@ def record_options() -> list[tuple[str, type]]:
         ("embed", EmbedConfig), ("index", IndexConfig), ("export", OnnxConfig),
         ("export", ParquetConfig), ("export", QdrantConfig), ("audit", AuditConfig),
         ("serve", ServeConfig), ("sweep", SweepConfig), ("plot", PlotConfig),
-        ("eval", CalibrationConfig), ("dedup", DedupConfig),
+        ("eval", CalibrationConfig), ("dedup", DedupConfig), ("embed", EngineConfig),
+        ("index", EngineConfig),
     ]  # fmt: skip
 
 

@@ -4,7 +4,10 @@ user chose to drop. pactl never deletes, moves or relabels an image."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -12,10 +15,19 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pactl.cli.audit_actions import KeepCopies, card, check_actions, drop_top_value
-from pactl.cli.options import Device, Format, Quiet, check_output, choices, reporter, to_stdout
+from pactl.cli.options import (
+    Device,
+    Format,
+    Quiet,
+    check_new_file,
+    check_output,
+    choices,
+    reporter,
+    to_stdout,
+)
 from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_SCORE_NAMES
 from pactl.console import counted, out
-from pactl.errors import UsageError
+from pactl.errors import PactlError, UsageError
 
 if TYPE_CHECKING:
     from pactl.console import Reporter
@@ -175,6 +187,12 @@ def audit(
             "(filepath,label,suggested,kind,score,id,reason).",
         ),
     ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace the --sheet and --write-manifest files if they exist."
+        ),
+    ] = False,
     fmt: Annotated[
         Format | None,
         typer.Option(
@@ -211,7 +229,8 @@ def audit(
     )  # fmt: skip
     dropping = any(x is not None for x in (drop, drop_above, drop_top, relabel, keep_copies))
     check_actions(asked, False, [p for p in (drop, relabel) if p is not None])
-    checks(sheet, write_manifest, dropping)
+    inputs = audit_inputs(target, source, drop)
+    checks(sheet, write_manifest, dropping, overwrite, inputs)
     log = reporter(quiet)
     config = AuditConfig(
         source=source,
@@ -224,6 +243,7 @@ def audit(
         workers=workers,
     )
     result = run_audit(target, config, log)
+    check_not_audited(result, sheet, write_manifest)
     chosen = fmt.value if fmt else ("table" if out.is_terminal else "csv")
     writer = FindingWriter(out, sys.stdout, chosen, False, False, log)
     with to_stdout():
@@ -241,13 +261,42 @@ def audit(
     card(result, log)
 
 
-def checks(sheet: Path | None, manifest: Path | None, dropping: bool) -> None:
+# The files of a run or a bundle an audit reads (and those of its vectors folder).
+RECORD_NAMES = (
+    *("config.json", "checkpoint.pt", "best.pt", "metrics.csv", "split.csv", "meta.json"),
+    *("items.csv", "items.bin", "index.faiss", "index.ivfdata", "floats.npy", "rotation.npy"),
+    "vectors.npy",
+)
+
+
+def audit_inputs(target: Path, source: str | None, drop: Path | None) -> list[Path]:
+    """What the audit reads, which it must never write: the run's or bundle's own files (its
+    other files, a sheet written there before, may be replaced), the data (--source, or what
+    the run trained on: a folder's every file) and the --drop list."""
+    from pactl.runs import resumed_configs
+
+    inputs = [target / name for name in RECORD_NAMES]
+    inputs += [Path(p) for p in (source, drop) if p is not None]
+    if source is None and (target / "config.json").is_file():
+        with contextlib.suppress(PactlError):  # the audit itself says what is wrong with it
+            inputs.append(Path(resumed_configs(target)[0]))
+    return inputs
+
+
+def checks(
+    sheet: Path | None,
+    manifest: Path | None,
+    dropping: bool,
+    overwrite: bool = False,
+    inputs: Sequence[Path] = (),
+) -> None:
     """Outputs that cannot be written, and drops without a manifest, refused before any work."""
     from pactl.report import check_image_path
 
     if sheet is not None:
         check_image_path(sheet)
         check_output(sheet, "--sheet", folder=False)
+        check_new_file(sheet, overwrite, "--sheet", inputs)
     if dropping and manifest is None:
         raise UsageError(
             "--drop, --drop-above and --drop-top choose rows for --write-manifest: give it too"
@@ -260,6 +309,18 @@ def checks(sheet: Path | None, manifest: Path | None, dropping: bool) -> None:
                 "--relabel FILE, or keep one of each copy group with --keep-copies RULE"
             )
         check_output(manifest, "--write-manifest", folder=False)
+        check_new_file(manifest, overwrite, "--write-manifest", inputs)
+
+
+def check_not_audited(result: AuditResult, sheet: Path | None, manifest: Path | None) -> None:
+    """Neither output is one of the images audited (a bundle's are known only once read)."""
+    audited = set(result.data.paths)
+    for path, option in ((sheet, "--sheet"), (manifest, "--write-manifest")):
+        if path is not None and {os.path.abspath(path), os.path.realpath(path)} & audited:
+            raise UsageError(
+                f"{option} {path} is an audited image, which this command reads: "
+                "write to another file"
+            )
 
 
 def outputs(

@@ -150,7 +150,8 @@ def eval_(
     report = report or default_report(checkpoint if backbone is None else None)
     check_output(report, "--report", folder=False)
     k_list = parse_ks(ks) if ks else default_ks(source)
-    check_new_file(report, overwrite)  # after the usage errors: a wrong option is named first
+    inputs = [Path(p) for p in (source, checkpoint, index_dir) if p is not None]
+    check_new_file(report, overwrite, "--report", inputs)  # after the usage errors: named first
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     log = reporter(quiet)
     if codes is not None:

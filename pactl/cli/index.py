@@ -185,8 +185,10 @@ def index(
         typer.Option(
             min=0,
             max=10_000,
-            help="With --binary: candidates per hit rescored by cosine (0: Hamming order); "
-            "default: the fewest that reach --target-recall, measured.",
+            help="Candidates per hit rescored by exact cosine on a copy of the float vectors "
+            "kept in the bundle, for lossy codes (--binary, or a float factory such as "
+            "IVF...,PQ); 0: the codes' order, no copy; default: the fewest that reach "
+            "--target-recall, measured.",
         ),
     ] = None,
     device: Device = "auto",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
@@ -167,13 +167,16 @@ def check_output(path: Path, option: str, folder: bool) -> None:
         raise PactlError(f"cannot write {option} {path}: {existing} ({e.strerror})") from None
 
 
-def check_new_file(path: Path, overwrite: bool, option: str = "--report") -> None:
-    """An existing file is replaced only when asked: a report may be the only record of a run,
-    and a --grid named like an image may be one of the user's."""
-    if os.path.lexists(path) and not overwrite:
-        raise PactlError(
-            f"{path} exists; pass --overwrite to replace it, or {option} PATH for another file"
-        )
+def check_new_file(
+    path: Path, overwrite: bool, option: str = "--report", inputs: Iterable[Path | str] = ()
+) -> None:
+    """The one rule for a file the user names for writing (pactl.store.targets): a link, a FIFO
+    or a device is refused, an existing file is replaced only when asked (a report may be the
+    only record of a run, a --grid named like an image may be one of the user's), and none of
+    the command's `inputs` is ever its output."""
+    from pactl.store.targets import check_target
+
+    check_target(path, option, overwrite, inputs)
 
 
 @contextmanager

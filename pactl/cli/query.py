@@ -124,9 +124,9 @@ def query(
         typer.Option(
             min=0,
             max=10_000,
-            help="A binary bundle (pactl index --binary): candidates per hit rescored by exact "
-            "cosine, instead of the bundle's measured default; 0: hits in Hamming order, "
-            "scored 1 - 2 x distance / bits.",
+            help="A bundle of lossy codes (binary, or IVF...,PQ): candidates per hit rescored "
+            "by exact cosine, instead of the bundle's measured default; 0: hits in the codes' "
+            "order (binary: scored 1 - 2 x distance / bits).",
         ),
     ] = None,
     vectors: Annotated[
@@ -390,7 +390,8 @@ def check_query_io(images: list[str], grid: Path | None, overwrite: bool = False
 
         check_output(grid, "--grid", folder=False)
         check_image_path(grid)
-        check_new_file(grid, overwrite, "--grid")
+        inputs = [Path(image) for image in images if image != "-"]  # a query image stays
+        check_new_file(grid, overwrite, "--grid", inputs)
 
 
 def query_paths(images: list[str], null: bool, follow_links: bool, reporter: Reporter) -> Any:

@@ -65,6 +65,23 @@ def serve(
         float,
         typer.Option(min=0, max=1000, help="How long a pass waits for requests to join it."),
     ] = 4.0,
+    findings: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            metavar="FILE",
+            help="Review an audit's suspected labels at /review (pactl audit --findings FILE).",
+        ),
+    ] = None,
+    decisions: Annotated[
+        Path | None,
+        typer.Option(
+            dir_okay=False,
+            metavar="FILE",
+            help="Where the review page appends each keep or reject (for audit's --relabel).",
+        ),
+    ] = None,
     device: Device = "auto",
     faiss_device: SearchDevice = FaissDevice("auto"),
     quiet: Quiet = False,
@@ -80,6 +97,7 @@ def serve(
       pactl serve                                     # the latest run's index
       pactl serve runs/demo/index                     # http://127.0.0.1:8000/
       pactl serve index --allow-root /data/photos
+      pactl serve index --findings findings.jsonl --decisions decisions.jsonl  # /review
       PACTL_TOKEN=... pactl serve index --host 0.0.0.0 --allow-host box.lan
     """
     import importlib.util
@@ -118,5 +136,7 @@ def serve(
         max_upload_bytes=int(max_upload_mb * 1024 * 1024),
         max_batch=max_batch,
         batch_wait_ms=batch_wait_ms,
+        findings=findings,
+        decisions=decisions,
     )
     run_service(config, log)

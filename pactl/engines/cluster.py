@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -65,12 +66,23 @@ def check_reachable(address: str) -> None:
 def connected(engine: EngineConfig, reporter: Reporter) -> Iterator[Any]:
     """The ray module, joined to --ray-address or to a Ray started on this machine for the
     block (its CPUs, a small object store, no dashboard). A Ray already initialised in this
-    process (the Python API's caller's) is used as it is and left running."""
+    process (the Python API's caller's) is used as it is and left running. What Ray prints on
+    stdout goes to stderr meanwhile."""
     import ray
 
-    if ray.is_initialized():
-        yield ray
-        return
+    # Ray prints what its raylets report (a worker lost, a task retried) on sys.stdout, where
+    # results go: on stderr for the block, with the log lines.
+    with contextlib.redirect_stdout(sys.stderr):
+        if ray.is_initialized():
+            yield ray
+        else:
+            yield from _started(engine, reporter)
+
+
+def _started(engine: EngineConfig, reporter: Reporter) -> Iterator[Any]:
+    """connected's Ray of its own: joined or started, shut down at the end."""
+    import ray
+
     quiet: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": False,

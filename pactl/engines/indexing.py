@@ -71,7 +71,7 @@ def build_on_ray(
             vectors_dir, parts, index, queries, k, engine, scratch, reporter
         )
         files = [scratch / f"{i:05d}.faiss" for i in range(len(pieces))]
-        merge_shards(index, files, on_disk, bundle_dir)
+        index = merge_shards(index, files, on_disk, bundle_dir)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     truth = merge_neighbours(found, own, k) if k >= 1 else None
@@ -204,19 +204,22 @@ def fill_shard(
     return scores, found, int(index.ntotal)
 
 
-def merge_shards(index: Any, files: Sequence[Path], on_disk: bool, bundle_dir: Path) -> None:
-    """The shards' lists or codes appended to the trained empty `index` in shard order (the
-    order a build here adds them): into one file of on-disk lists, or in memory."""
+def merge_shards(index: Any, files: Sequence[Path], on_disk: bool, bundle_dir: Path) -> Any:
+    """The index holding the shards' lists or codes in shard order (the order a build here adds
+    them): the trained empty `index` given them in one file of on-disk lists, or in memory;
+    a flat index is the shards' own joined (FAISS merges only kinds read back alike)."""
     if on_disk:
         # IO_FLAG_MMAP: the shards' lists are read from their files as the merge needs them
         shards = [faiss.read_index(str(f), faiss.IO_FLAG_MMAP) for f in files]
         merge_lists(index, shards, bundle_dir / PENDING_IVFDATA)
-        return
+        return index
     ivf = faiss.try_extract_index_ivf(index)
-    for f in files:
+    merged = index if ivf is not None else faiss.read_index(str(files[0]))
+    for f in files if ivf is not None else files[1:]:
         shard = faiss.read_index(str(f))
         if ivf is not None:  # under a pre-transform too: the lists are the IVF's
             ivf.merge_from(faiss.extract_index_ivf(shard), 0)
             index.ntotal = ivf.ntotal
         else:
-            index.merge_from(shard, 0)
+            merged.merge_from(shard, 0)
+    return merged

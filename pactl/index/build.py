@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import faiss
@@ -17,9 +18,12 @@ from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 from pactl.index.gpus import clustering_on_gpus, faiss_gpus, gpu_quantizer
 from pactl.index.mapped import Part, check_unit_rows, count_rows, read_rows, unit_blocks
+from pactl.index.rescoring import RescoredIndex, lossy, place_floats
 from pactl.index.tune import tune_search
 
 FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
+# where a float bundle keeps its floats.npy, and item ids -> its rows (rescoring)
+FloatsAt = tuple[Path, Callable[[np.ndarray], np.ndarray]]
 TRAIN_POINTS_PER_LIST = 64  # k-means sample per list: FAISS asks for >= 39; more costs minutes
 TRAIN_POINTS_OTHER = 65_536  # sample cap for trainable indexes without inverted lists
 ADD_BATCH = 65_536  # vectors per add() call where a bundle is filled again (bundle.py)
@@ -96,10 +100,17 @@ def build_index(
 
 
 def build_parts(
-    parts: Sequence[Part], config: IndexConfig, reporter: Reporter, seed: int = 0
+    parts: Sequence[Part],
+    config: IndexConfig,
+    reporter: Reporter,
+    seed: int = 0,
+    floats: FloatsAt | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """build_index over the (vectors, ids) of several parts in order (the shards of a set), as
-    over the parts joined, without joining them: no copy of the whole set is made."""
+    over the parts joined, without joining them: no copy of the whole set is made. With
+    `floats` (where a bundle's floats.npy goes, and ids -> its rows), lossy codes (PQ, SQ) are
+    searched rescored by exact cosine on that copy of the vectors (a RescoredIndex) unless
+    config.rescore is 0; the depth is tuned unless the config gives it."""
     n, dim = check_parts(parts)
     factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
     gpus = faiss_gpus(config.faiss_device)
@@ -108,9 +119,11 @@ def build_parts(
     rng = np.random.default_rng(seed)
     trained_on = train_index(index, parts, rng, seed, reporter, factory, gpus)
     add_parts(index, parts, reporter, gpus)
-    tuning = tune_search(
-        index, parts, config.target_recall, rng, reporter, gpus, config.query_budget_ms
-    )
+    if floats is not None and config.rescore != 0 and lossy(index):
+        copy = place_floats(parts, floats[0], reporter)
+        index = RescoredIndex(index, copy, floats[1], config.rescore or 1)
+    budget, depth = config.query_budget_ms, config.rescore
+    tuning = tune_search(index, parts, config.target_recall, rng, reporter, gpus, budget, depth)
     seconds = time.perf_counter() - started
     where = f" on {gpus} GPU(s)" if gpus else ""
     reporter.log(f"built {factory} over {counted(n, 'vector')} in {seconds:.1f} s{where}")
@@ -149,12 +162,25 @@ def check_factory(factory: str) -> None:
         raise PactlError(f"{factory!r} is not a FAISS factory string (e.g. Flat, IVF1024,PQ32)")
     for match in re.finditer(r"([A-Za-z]*)(\d+)", factory):
         name, number = match.group(1), int(match.group(2))
-        least = {"HNSW": 2, "NSG": 3}.get(name.upper(), 1)
-        if not least <= number < 2**31:
+        least, most = FACTORY_RANGES.get(name.upper(), (1, 2**31 - 1))
+        if not least <= number <= most:
             raise PactlError(
                 f"factory {factory!r}: {name}{number} is out of range "
-                f"({name or 'the number'} must be from {least} to {2**31 - 1:,})"
+                f"({name or 'the number'} must be from {least} to {most:,})"
             )
+
+
+# Numbers FAISS takes but then crashes on (SIGSEGV, SIGFPE or abort: no message, no cleanup)
+# or cannot allocate: a graph of degree 1 (HNSW1, BHNSW1, IVF16_HNSW1), bits per code 0 or
+# past 16 (PQ4x0, RQ4x30: 2**30 centroids), a list count of billions (IVF2147483647).
+FACTORY_RANGES = {
+    "HNSW": (2, 2**16),
+    "BHNSW": (2, 2**16),
+    "NSG": (3, 2**16),
+    "X": (1, 16),  # bits per sub-code: PQ<m>x<nbits>, RQ, LSQ, IMI<k>x<nbits>
+    "IVF": (1, 2**26),
+    "BIVF": (1, 2**26),
+}
 
 
 def check_factory_parses(factory: str) -> None:
@@ -167,6 +193,10 @@ def check_factory_parses(factory: str) -> None:
             faiss.index_binary_factory(64, factory)
         else:
             faiss.index_factory(96, factory, faiss.METRIC_INNER_PRODUCT)
+    except MemoryError:
+        raise PactlError(
+            f"FAISS cannot allocate the index {factory!r}: give smaller numbers"
+        ) from None
     except RuntimeError as e:
         if factory.startswith("B"):
             raise PactlError(
@@ -183,7 +213,7 @@ def new_index(factory: str, dim: int) -> Any:
     check_factory(factory)
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as e:
+    except (RuntimeError, MemoryError) as e:
         raise PactlError(
             f"FAISS cannot make {factory!r} for dimension {dim}: {faiss_reason(e)}"
         ) from e

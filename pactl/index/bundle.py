@@ -17,13 +17,14 @@ import faiss
 import numpy as np
 
 from pactl.errors import PactlError
-from pactl.index.binary.build import FLOATS_FILE, ROTATION_FILE, write_floats
+from pactl.index.binary.build import ROTATION_FILE
 from pactl.index.binary.search import BinaryIndex
 from pactl.index.gpus import GPU_MAX_K
 from pactl.index.mapped import blocks
 from pactl.index.ondisk import (
     IVFDATA_FILE,
 )
+from pactl.index.rescoring import FLOATS_FILE, RescoredIndex, write_floats
 from pactl.index.search import in_sorted
 from pactl.store import checksums
 from pactl.store.generations import (
@@ -128,7 +129,8 @@ def write_bundle(
     the items compacted away so far (removed.bin), which stay deleted by path.
     """
     binary = isinstance(index, BinaryIndex)
-    lists = None if binary else ondisk_lists(index)
+    codes = index.index if isinstance(index, RescoredIndex) else index
+    lists = None if binary else ondisk_lists(codes)
     items = (
         items_csv_source
         if isinstance(items_csv_source, ItemTable)
@@ -142,6 +144,9 @@ def write_bundle(
         _place_lists(gen, lists)
     if binary:
         _write_codes(gen, index)
+    elif isinstance(index, RescoredIndex):  # its floats.npy was placed in `gen` as it was built
+        _check_floats_placed(gen, index)
+        faiss.write_index(index.index, str(gen / INDEX_FILE))
     else:
         faiss.write_index(index, str(gen / INDEX_FILE))
     if isinstance(items_csv_source, Path):
@@ -207,6 +212,17 @@ def _write_codes(gen: Path, binary: BinaryIndex) -> None:
         binary.floats = write_floats(gen / FLOATS_FILE, binary.floats.shape, chunks)
     if binary.floats.shape != (binary.ntotal, binary.d):
         raise PactlError(f"{binary.floats.shape} float vectors for {binary.ntotal} codes")
+
+
+def _check_floats_placed(gen: Path, index: RescoredIndex) -> None:
+    """A rescored float index's floats.npy must be the file in `gen` it maps, of its shape."""
+    source = Path(getattr(index.floats, "filename", "") or "")
+    placed = source.is_file() and source.resolve() == (gen / FLOATS_FILE).resolve()
+    if not placed or index.floats.shape != (index.ntotal, index.d):
+        raise PactlError(
+            f"the float vectors of a rescored index are not {gen / FLOATS_FILE} "
+            f"({index.floats.shape} for {index.ntotal} items): rebuild it with `pactl index`"
+        )
 
 
 def ondisk_lists(index: Any) -> Any | None:

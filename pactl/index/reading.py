@@ -15,8 +15,8 @@ import numpy as np
 
 from pactl.codes.rotation import ROTATION_KINDS, Rotation
 from pactl.errors import PactlError
-from pactl.index.binary.build import FLOATS_FILE, ROTATION_FILE, apply_search_params
-from pactl.index.binary.search import MAX_RESCORE, BinaryIndex
+from pactl.index.binary.build import ROTATION_FILE, apply_search_params
+from pactl.index.binary.search import BinaryIndex
 from pactl.index.build import faiss_reason
 from pactl.index.bundle import (
     BINARY_VERSION,
@@ -37,6 +37,7 @@ from pactl.index.ondisk import (
     IVFDATA_FILE,
     quiet_c_stdout,
 )
+from pactl.index.rescoring import FLOATS_FILE, MAX_RESCORE, RescoredIndex
 from pactl.index.search import in_sorted
 from pactl.store import json_fields
 from pactl.store.generations import (
@@ -62,7 +63,7 @@ def load_bundle(path: Path, mmap: bool = True, faiss_device: str = "cpu") -> Bun
     check_folder(path)
     gpus = faiss_gpus(faiss_device)
     bundle = read_current(path, lambda gen: _load_generation(path, gen, mmap))
-    if gpus and not isinstance(bundle.index, BinaryIndex):  # codes search on the CPU
+    if gpus and not hasattr(bundle.index, "floats"):  # codes rescored search on the CPU
         searcher = gpu_searcher(bundle.index, gpus)
         bundle.gpu_index = searcher if searcher is not bundle.index else None
     return bundle
@@ -91,6 +92,15 @@ def _load_generation(path: Path, gen: Path, mmap: bool) -> Bundle:
         except RuntimeError as e:
             raise PactlError(f"bundle {path}: search_params {params!r}: {faiss_reason(e)}") from e
     removed = _read_removed(gen, meta)
+    if not binary and meta.get("rescore"):  # lossy float codes rescored on floats.npy
+        fix = "rebuild it with `pactl index`"
+        floats = _npy(path, gen, FLOATS_FILE, fix, mmap=True)
+        if floats.shape != (index.ntotal, index.d) or floats.dtype != np.float32:
+            raise PactlError(
+                f"bundle {path}: {FLOATS_FILE} {floats.shape} does not fit its index "
+                f"({index.ntotal:,} x {index.d}): {fix}"
+            )
+        index = RescoredIndex(index, floats, items.positions, int(meta["rescore"]))
     return Bundle(path, index, items, meta, flag != 0, deleted, removed=removed)
 
 
@@ -322,6 +332,7 @@ def read_meta(path: Path, gen: Path) -> dict[str, Any]:
     json_fields.field(meta, "checksums", dict, where, optional=True)
     for key in ("index_bytes", "ivfdata_bytes"):
         json_fields.field(meta, key, int, where, 0, 2**62, optional=True)
+    json_fields.field(meta, "rescore", int, where, 0, MAX_RESCORE, optional=True)
     params = json_fields.field(meta, "search_params", str, where, optional=True)
     if params:
         _check_search_params(params, where)

@@ -169,8 +169,8 @@ def rescored(index: Any, rescore: int | None) -> Any:
     other = getattr(index, "with_rescore", None)
     if other is None:
         raise PactlError(
-            "--rescore is for binary bundles (`pactl index --binary`): this one searches its "
-            "float vectors exactly as they are"
+            "--rescore is for bundles of lossy codes (binary, or a float factory such as "
+            "IVF...,PQ): this one searches its float vectors exactly as they are"
         )
     return other(rescore)
 
@@ -213,10 +213,15 @@ def _widening(index: Any) -> tuple[Any, Any]:
     """(factor -> search parameters `factor` times as wide as the tuned ones: IVF nprobe up to
     nlist, HNSW efSearch up to the items; None for other kinds), (factor -> whether that is
     as wide as the index goes)."""
+    if hasattr(index, "widening"):  # codes rescored (pactl.index.binary.search, rescoring)
+        return index.widening()
+    return float_widening(index)
+
+
+def float_widening(index: Any) -> tuple[Any, Any]:
+    """_widening of a FAISS float index."""
     import faiss
 
-    if hasattr(index, "widening"):  # a binary bundle's codes (pactl.index.binary.search)
-        return index.widening()
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is not None:
         nprobe, nlist = int(ivf.nprobe), int(ivf.nlist)

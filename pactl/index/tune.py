@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,10 +11,11 @@ from typing import Any
 import faiss
 import numpy as np
 
-from pactl.console import Reporter
+from pactl.console import QUIET, Reporter
 from pactl.index.exact import exact_neighbours
 from pactl.index.gpus import gpu_searcher
 from pactl.index.mapped import Part, count_rows, read_rows
+from pactl.index.rescoring import RescoredIndex
 from pactl.index.search import exclude_by_id
 
 TUNING_QUERIES = 1_000  # data points used as held-out queries when tuning nprobe / efSearch
@@ -21,6 +23,8 @@ RECALL_K = 10  # the tuned figure is Recall@10 against exact search
 PLATEAU = 0.002  # recall gained by doubling a search knob below which more effort is pointless
 QUERY_BUDGET_MS = 10.0  # time a query may take (batched) at the tuned setting, by default
 CODES_GAP = 0.02  # recall this far under the coverage, and flat: the codes cap it, not the lists
+DEPTH_MARGIN = 0.01  # the rescoring depth is tuned where the lists hold this much more
+MAX_TUNED_RESCORE = 128  # the deepest rescoring tuning tries (x k candidates per query)
 COVERAGE_DEPTH = 4_096  # lists ranked per tuning query for the coverage (at most nlist)
 # (queries, their own ids, k) -> the ids of their k exact neighbours, their own excluded
 Exact = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
@@ -59,6 +63,7 @@ def tune_search(
     reporter: Reporter,
     gpus: int = 0,
     query_budget_ms: float = QUERY_BUDGET_MS,
+    depth: int | None = None,
     exact: Exact | None = None,
 ) -> dict[str, Any]:
     """Find the cheapest search setting reaching Recall@10 >= target within `query_budget_ms` a
@@ -68,10 +73,12 @@ def tune_search(
     `parts` are the indexed (vectors, ids), one part or one per shard. Queries are a seeded
     sample of the indexed vectors; each query's own id is removed from both the exact and the
     approximate neighbours (as `pactl query` does), so the figure is the recall of the other
-    items, the ones a query actually wants. The record keeps every operating point measured
-    and, where the target is out of reach, what limits it (`limited_by`: coverage, codes or
-    query time). `exact` gives the true neighbours where they were found elsewhere (the shard
-    tasks of pactl.engines.indexing), else they are searched here.
+    items, the ones a query actually wants. A RescoredIndex whose `depth` is not given gets the
+    fewest candidates per hit that meet the target first (tuned_depth). The record keeps every
+    operating point measured and, where the target is out of reach, what limits it
+    (`limited_by`: coverage, codes or query time). `exact` gives the true neighbours where
+    they were found elsewhere (the shard tasks of pactl.engines.indexing), else they are
+    searched here.
     """
     n = count_rows(parts)
     k = min(RECALL_K, n - 1)
@@ -82,21 +89,27 @@ def tune_search(
     queries, own = read_rows(parts, rows)
     truth = exact(queries, own, k) if exact else exact_neighbours(parts, queries, own, k, gpus)
     space: Any = faiss.ParameterSpace()  # (its stub types the params string as int)
-    searcher = gpu_searcher(index, gpus)
+    rescored = isinstance(index, RescoredIndex)
+    codes = index.index if rescored else index  # what the search setting is set on
+    searcher = index if rescored else gpu_searcher(index, gpus)
 
     def measure(params: str) -> tuple[float, float]:
         if params:
-            space.set_index_parameters(index, params)
+            space.set_index_parameters(codes, params)
         start = time.perf_counter()
         scores, found = searcher.search(queries, k + 1)
         ms = 1000 * (time.perf_counter() - start) / len(queries)
         return ann_recall(exclude_by_id(scores, found, own, k)[1], truth), ms
 
-    knob = search_knob(index, k)
-    coverage = list_coverage(index, parts, queries, truth)
+    knob = search_knob(codes, k)
+    coverage = list_coverage(codes, parts, queries, truth)
+    if rescored and depth is None:
+        wide = Climb(knob, measure, min(1.0, target + DEPTH_MARGIN), math.inf, QUIET, coverage)
+        start = wide.start(knob) if knob is not None else 0
+        index.rescore = tuned_depth(index, knob, start, measure, target, reporter)
     climb = Climb(knob, measure, target, query_budget_ms, reporter, coverage)
     choice = climb.run()
-    space.set_index_parameters(index, choice.params) if choice.params else None
+    space.set_index_parameters(codes, choice.params) if choice.params else None
     if choice.limited_by:
         reporter.warn(shortfall_words(choice, target, query_budget_ms))
     record.update(
@@ -106,8 +119,30 @@ def tune_search(
         limited_by=choice.limited_by,
         query_budget_ms=query_budget_ms,
         operating_points=[point.record() for point in climb.points],
+        **({"rescore": index.rescore} if rescored else {}),
     )
     return {**record, "tuning_queries": len(rows)}
+
+
+def tuned_depth(
+    index: RescoredIndex,
+    knob: Knob | None,
+    setting: int,
+    measure: Callable[[str], tuple[float, float]],
+    target: float,
+    reporter: Reporter,
+) -> int:
+    """The fewest candidates per hit whose rescoring meets `target` at the search `setting`
+    (where the probed lists hold the true neighbours: the codes alone then limit recall)."""
+    params = knob.params(setting) if knob is not None else ""
+
+    def at_depth(depth: str) -> tuple[float, float]:
+        index.rescore = int(depth.partition("=")[2])
+        return measure(params)
+
+    depths = Knob("rescore", 1, MAX_TUNED_RESCORE, lambda f: f"rescore={f}")
+    choice = Climb(depths, at_depth, target, math.inf, reporter, None).run()
+    return choice.point.setting if choice.point is not None else MAX_TUNED_RESCORE
 
 
 def tuning_rows(n: int, rng: np.random.Generator) -> np.ndarray:

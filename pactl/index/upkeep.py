@@ -3,6 +3,7 @@ compacted away (--compact), each change one new generation under the writer lock
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from pactl.index.bundle import (
     ondisk_lists,
     write_bundle,
 )
+from pactl.index.mapped import blocks
 from pactl.index.ondisk import (
     IVFDATA_FILE,
     PENDING_IVFDATA,
@@ -36,6 +38,7 @@ from pactl.index.ondisk import (
     quiet_c_stdout,
 )
 from pactl.index.reading import check_count, check_folder, load_bundle, read_tables
+from pactl.index.rescoring import FLOATS_FILE, RescoredIndex, rows_of, write_floats
 from pactl.index.search import in_sorted
 from pactl.store import checksums
 from pactl.store.generations import (
@@ -89,6 +92,11 @@ def add_to_bundle(
             items = bundle.items.concat(new)
             if isinstance(index, BinaryIndex):
                 index = add_codes(index, x, new.ids, items.positions, gen)
+            elif isinstance(index, RescoredIndex):  # codes added, floats.npy grown to match
+                add_vectors(index.index, x, new.ids, reporter or QUIET)
+                chunks = itertools.chain((b for _, b in blocks(index.floats)), [x])
+                floats = write_floats(gen / FLOATS_FILE, (len(items), x.shape[1]), chunks)
+                index = RescoredIndex(index.index, floats, items.positions, index.rescore)
             elif ondisk_lists(index) is not None:
                 index = add_on_disk(index, x, new.ids, gen, reporter or QUIET)
             else:
@@ -212,9 +220,16 @@ def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[s
         items = bundle.items.take(np.flatnonzero(keep))
         removed = _remembered(bundle.removed, bundle.items.take(np.flatnonzero(~keep)))
         with new_generation(bundle_dir, BUNDLE_FILES) as gen:
+            index: Any
             if isinstance(bundle.index, BinaryIndex):
                 rows = np.flatnonzero(keep)
                 index, method = codes_without(bundle.index, dead, rows, items, gen, log)
+            elif isinstance(bundle.index, RescoredIndex):  # the floats' rows compacted alike
+                old = bundle.index
+                inner, method = _without(old.index, dead, items.ids, gen, log)
+                kept = rows_of(old.floats, np.flatnonzero(keep))
+                floats = write_floats(gen / FLOATS_FILE, (len(items), old.d), kept)
+                index = RescoredIndex(inner, floats, items.positions, old.rescore)
             else:
                 index, method = _without(bundle.index, dead, items.ids, gen, log)
             if index.ntotal != len(items):

@@ -33,7 +33,7 @@ from starlette.datastructures import FormData
 from pactl.config import EmbedConfig
 from pactl.embed import decode_files
 from pactl.errors import Busy, NoSpace, PactlError, ReadOnly
-from pactl.index.binary.search import MAX_RESCORE
+from pactl.index.rescoring import MAX_RESCORE
 from pactl.rules import MAX_K
 from pactl.serve.bodies import json_object, names_of, upload_form, uploads_of
 from pactl.serve.config import ServeConfig
@@ -47,6 +47,8 @@ STATIC = {  # URL path -> (file in pactl/static, media type): nothing else is ev
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+    "/review": ("review.html", "text/html; charset=utf-8"),  # pactl.serve.review
+    "/static/review.js": ("review.js", "text/javascript; charset=utf-8"),
 }
 PAGE_SECRET = "{{page-secret}}"  # in index.html: this process's secret, for the page's writes
 UPLOAD_BODY = {  # the multipart body, for the OpenAPI page (the handlers parse it themselves)
@@ -101,6 +103,10 @@ def create_app(config: ServeConfig, engine: Engine, secret: str) -> FastAPI:
     _reads(app)
     _queries(app)
     _writes(app)
+    if config.findings is not None and config.decisions is not None:
+        from pactl.serve.review import open_review, review_routes
+
+        review_routes(app, open_review(config.findings, config.decisions))
     return app
 
 

@@ -22,7 +22,10 @@ from pactl.rules import (
 )
 
 UPLOADS = "uploads"  # BUNDLE/uploads: where POST /add keeps the images it adds (default)
-PUBLIC_PATHS = ("/", "/static/app.js", "/static/style.css", "/docs", "/openapi.json")
+PUBLIC_PATHS = (
+    *("/", "/static/app.js", "/static/style.css", "/docs", "/openapi.json"),
+    *("/review", "/static/review.js"),
+)
 HOST_NAME = re.compile(r"(\*\.)?[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*\.?")  # a DNS name or IPv4
 
 
@@ -72,6 +75,14 @@ class ServeConfig:
         "Seconds to send the request's headers, and each part of its body.",
         option="--client-timeout",
     )  # fmt: skip
+    findings: Path | None = setting(
+        None, optional(path()),
+        "An audit's findings (pactl audit --findings FILE) to review on the page at /review.",
+    )  # fmt: skip  # pactl.serve.review
+    decisions: Path | None = setting(
+        None, optional(path()),
+        "Where the review page appends each keep or reject (JSON Lines, for audit's --relabel).",
+    )  # fmt: skip
 
     @property
     def uploads(self) -> Path:
@@ -109,6 +120,8 @@ def check_config(config: ServeConfig) -> None:
             )
     if config.uploads.exists() and not config.uploads.is_dir():
         raise UsageError(f"{config.uploads} is not a folder: give --upload-dir a folder")
+    if (config.findings is None) != (config.decisions is None):
+        raise UsageError("--findings and --decisions go together: the review page needs both")
     check_options(config, UsageError)  # the ranges the options' own checks keep on the CLI
 
 

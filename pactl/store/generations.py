@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from pactl.errors import Busy, NoSpace, PactlError, ReadOnly
+from pactl.store.targets import refuse_special
 
 CURRENT = ".pactl-current"  # the link naming the current generation
 GENERATION_PREFIX = ".pactl-gen-"
@@ -86,8 +87,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path`, else it is removed.
 
     The file gets the permissions an ordinary `open()` would give it (0666 less the umask), not
-    the 0600 of a temporary file.
+    the 0600 of a temporary file. A `path` that is a link, a FIFO, a device or a folder is
+    refused (pactl.store.targets), before the write and again before the rename, which would
+    replace it.
     """
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
         stale.unlink(missing_ok=True)  # left by a process killed mid-write
@@ -98,6 +102,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
         os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        refuse_special(path)  # made meanwhile: the rename would replace it
         os.replace(tmp, path)
         crash_point()
     except BaseException as e:
@@ -287,7 +292,9 @@ class KeepCurrent(Exception):
 
 
 @contextlib.contextmanager
-def new_generation(folder: Path, managed: Collection[str], links: bool = True) -> Iterator[Path]:
+def new_generation(
+    folder: Path, managed: Collection[str], links: bool = True, staged: bool = False
+) -> Iterator[Path]:
     """A fresh generation folder to write all of `folder`'s files into; when the block ends
     without error it becomes current in one rename, else it is removed and `folder` is as it
     was. `managed` names every visible file this kind of folder may hold: they become links
@@ -295,7 +302,14 @@ def new_generation(folder: Path, managed: Collection[str], links: bool = True) -
     a private scratch folder, read through .pactl-current only).
 
     Holds the writer lock throughout; generations left by killed writers are removed first.
+    With `staged`, a folder that does not exist yet is made whole beside its name and renamed
+    to it at the end: a process killed outright (FAISS crashing on an index it was given) then
+    leaves no `folder` behind, only a hidden staging folder the next write removes.
     """
+    if staged and not os.path.lexists(folder):
+        with _staged(folder) as staging, _generation(staging, managed, links) as gen:
+            yield gen
+        return
     made = not folder.exists()
     make_folder(folder)
     try:
@@ -308,6 +322,34 @@ def new_generation(folder: Path, managed: Collection[str], links: bool = True) -
             with contextlib.suppress(OSError):
                 (folder / LOCK_FILE).unlink(missing_ok=True)
                 folder.rmdir()  # only if empty: never anything but what was made here
+        raise
+
+
+STAGING_PREFIX = ".pactl-new-"  # a first generation made beside its folder's name
+
+
+@contextlib.contextmanager
+def _staged(folder: Path) -> Iterator[Path]:
+    """A hidden folder beside `folder` to build it in; renamed to `folder` when the block ends
+    without error, else removed. Staging folders of killed writers (their lock free) go first."""
+    parent = folder.parent
+    make_folder(parent)
+    prefix = f"{STAGING_PREFIX}{folder.name}-"
+    for stale in parent.glob(f"{glob.escape(prefix)}*"):
+        with contextlib.suppress(Busy, OSError), writer_lock(stale):
+            shutil.rmtree(stale)
+    staging = parent / f"{prefix}{secrets.token_hex(4)}"
+    make_folder(staging)
+    try:
+        with writer_lock(staging):  # held up to the rename: no other writer clears it first
+            yield staging
+            try:
+                os.rename(staging, folder)  # refused where `folder` was made meanwhile
+            except OSError as e:
+                raise Busy(f"{folder} was made by another process meanwhile: run again") from e
+        _sync_dir(parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

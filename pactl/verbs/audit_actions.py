@@ -149,8 +149,8 @@ def report_manifest(
 def write_findings(
     result: AuditResult, lists: Sequence[Sequence[Finding]], out: Path, log: Reporter
 ) -> None:
-    """Every list's rows as audit's JSON Lines, each with `fingerprint` (the audited set's), for
-    `pactl serve --findings` and --relabel."""
+    """Every list's rows as audit's JSON Lines, each with `fingerprint` (the audited set's) and
+    each neighbour's `path`, for `pactl serve --findings` and --relabel."""
     import io
 
     from rich.console import Console
@@ -162,7 +162,10 @@ def write_findings(
     FindingWriter(Console(file=io.StringIO()), buffer, "jsonl", False, False, log).write(
         [list(rows) for rows in lists]
     )
-    mark = audit_fingerprint(result)
+    mark, paths = audit_fingerprint(result), result.data.paths
     lines = [json.loads(line) | {"fingerprint": mark} for line in buffer.getvalue().splitlines()]
+    for line in lines:  # each neighbour's path too, for the review page's pictures
+        for near in line.get("neighbours") or []:
+            near["path"] = paths[near["id"]]
     atomic_write_text(out, "".join(json.dumps(line) + "\n" for line in lines))
     log.log(f"wrote {out}: {counted(len(lines), 'finding')} (fingerprint {mark[:12]})")

@@ -86,11 +86,9 @@ def _searcher(folder: Path, reporter: Reporter) -> tuple[Any, Any, dict[str, Any
 
     if _is_bundle(folder):
         from pactl.index import load_bundle
-        from pactl.index.binary.search import BinaryIndex
-
         bundle = load_bundle(folder, mmap=False)
         live = ~bundle.is_deleted(bundle.items.ids)
-        if isinstance(bundle.index, BinaryIndex):  # its float vectors: exact, as a folder's
+        if getattr(bundle.index, "floats", None) is not None:  # exact, as a folder's
             floats = bundle.index.floats
             vectors = floats if live.all() else floats[np.flatnonzero(live)]
             found = VectorSearcher(vectors, reporter=reporter)

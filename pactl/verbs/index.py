@@ -68,7 +68,6 @@ def index_vectors(
     out = out or default_bundle_dir(meta.get("checkpoint"))
     check_apart(vectors_dir, out)
     check_replaceable(out, BUNDLE_FORMAT, BUNDLE_FILES)
-    dim = int(parts[0][0].shape[1])
     try:
         before = rebuild_facts(out)
     except PactlError as e:  # the bundle being replaced is damaged: nothing of it is kept
@@ -81,7 +80,7 @@ def index_vectors(
     if before is not None and before.ids:
         parts = same_ids(parts, before.ids, before.next_id)
     dead = None
-    with new_generation(out, BUNDLE_FILES) as gen:
+    with new_generation(out, BUNDLE_FILES, staged=True) as gen:
         tables = [table for _, table in parts]
         items = ItemTable.join(tables) if len(tables) > 1 else tables[0]
         shards = [(vectors, part_items.ids) for vectors, part_items in parts]
@@ -89,10 +88,8 @@ def index_vectors(
             index, tuning = build_binary(shards, binary, reporter, gen, items.positions)
         elif build is not None:
             index, tuning = build(vectors_dir, shards, config, reporter, gen)
-        elif wants_on_disk(config, meta["count"], dim, sharded=len(parts) > 1):
-            index, tuning = build_ondisk_index(shards, config, reporter, gen)
-        else:  # in memory, the shards read in turn and never joined
-            index, tuning = build_parts(shards, config, reporter)
+        else:
+            index, tuning = build_float(shards, config, reporter, gen, items.positions)
         if gone:
             dead = items.ids[_named(items, gone)]
             reporter.log(f"keeping {counted(len(dead), 'deleted image')} of {out} deleted")
@@ -110,6 +107,26 @@ def index_vectors(
     return out, bundle_meta
 
 
+def build_float(
+    shards: list[Any],
+    config: IndexConfig,
+    reporter: Reporter,
+    gen: Path,
+    positions: Callable[[Any], Any],
+) -> tuple[Any, dict[str, Any]]:
+    """A float index over the shards: with its lists merged on disk (config.on_disk), else in
+    memory, the shards read in turn and never joined, lossy codes rescored from a copy of the
+    float vectors in `gen` (pactl.index.rescoring)."""
+    from pactl.index import build_ondisk_index, build_parts, wants_on_disk
+    from pactl.index.rescoring import FLOATS_FILE
+
+    count, dim = sum(len(v) for v, _ in shards), int(shards[0][0].shape[1])
+    if wants_on_disk(config, count, dim, sharded=len(shards) > 1):
+        return build_ondisk_index(shards, config, reporter, gen)
+    floats = (gen / FLOATS_FILE, positions)
+    return build_parts(shards, config, reporter, floats=floats)
+
+
 def binary_config(config: IndexConfig, meta: dict[str, Any], dim: int) -> IndexConfig | None:
     """The settings of a binary bundle of these vectors, or None for a float one. Binary when
     asked (--binary), or by default for the vectors of a network that makes codes (`pactl
@@ -120,7 +137,6 @@ def binary_config(config: IndexConfig, meta: dict[str, Any], dim: int) -> IndexC
     network_bits = int((meta.get("model_config") or {}).get("bits", 0) or 0)
     if config.binary is False or (config.binary is None and not network_bits):
         named = {"--bits": config.bits != 0, "--rotation": config.rotation != "auto"}
-        named["--rescore"] = config.rescore is not None
         named["--factory " + str(config.factory)] = str(config.factory).startswith("B")
         for option in (option for option, on in named.items() if on):
             raise PactlError(f"{option} is for binary bundles: give --binary too")

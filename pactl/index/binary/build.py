@@ -24,6 +24,7 @@ from pactl.errors import PactlError
 from pactl.index.binary.search import BinaryIndex, hnsw_of, rescore
 from pactl.index.build import (
     ADD_BATCH,
+    check_factory,
     TRAIN_POINTS_PER_LIST,
     check_parts,
     choose_binary_factory,
@@ -35,12 +36,13 @@ from pactl.index.mapped import (
     blocks,
     check_unit_rows,
     count_rows,
-    drop_pages,
     read_rows,
     unit_blocks,
 )
+from pactl.index.rescoring import FLOATS_FILE, place_floats, rescore, rows_of, write_floats
 from pactl.index.search import exclude_by_id
 from pactl.index.tune import (
+    MAX_TUNED_RESCORE,
     RECALL_K,
     TUNING_QUERIES,
     Climb,
@@ -49,12 +51,10 @@ from pactl.index.tune import (
     shortfall_words,
 )
 
-FLOATS_FILE = "floats.npy"  # the bundle's float vectors, row i = item row i: rescoring reads them
 ROTATION_FILE = "rotation.npy"  # the map before the signs (pactl.codes.rotation.Rotation)
 BINARY_FILES = (ROTATION_FILE, FLOATS_FILE)  # what a binary bundle holds beside a float one's
 ROTATION_SAMPLE = 65_536  # vectors a rotation is learned and chosen on
 CHOICE_QUERIES = 1_000  # of them, the queries that measure each rotation
-MAX_TUNED_RESCORE = 128  # the deepest rescoring tuning tries (x k candidates per query)
 RESCORE_MARGIN = 0.01  # an approximate code index gets this much recall to spend
 # recall tuned for above the target: the smallest setting that reaches it on 1,000 tuning items
 # sits at the target, and fresh queries of bench_binary's 1M set landed up to 1.5 points below
@@ -135,73 +135,6 @@ def build_codes(
 # ---------------------------------------------------------------------------- the float copy
 
 
-def place_floats(parts: Sequence[Part], path: Path, reporter: Reporter) -> np.ndarray:
-    """The parts' vectors as one float32 .npy at `path`, memory-mapped read-only: a file of the
-    bundle's own, never a hard link to the vectors folder's (a write there would change the
-    bundle's answers unseen): a clone of that file where the file system shares blocks (one
-    part mapped whole from a float32 .npy), else a copy written a block at a time."""
-    if len(parts) == 1 and _clone_npy(parts[0][0], path):
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    reporter.log(f"copying the float vectors to {path.name} for rescoring")
-    n, dim = check_parts(parts)
-    return write_floats(path, (n, dim), (b for v, _ in parts for _, b in blocks(v)))
-
-
-FICLONE = 0x40049409  # Linux's ioctl that makes a copy-on-write clone of a whole file
-
-
-def _clone_npy(vectors: np.ndarray, path: Path) -> bool:
-    """Clone the .npy file `vectors` maps whole to `path` (copy-on-write: later writes to
-    either never reach the other); False where it cannot (the copy is then made by rows)."""
-    source = getattr(vectors, "filename", None)
-    if not isinstance(vectors, np.memmap) or not source or vectors.dtype != np.float32:
-        return False
-    if os.name != "posix":
-        return False
-    import fcntl
-
-    try:
-        with open(source, "rb") as src, open(path, "wb") as dst:
-            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
-        cloned = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
-        path.unlink(missing_ok=True)
-        return False
-    whole = cloned.shape == vectors.shape and cloned.offset == vectors.offset
-    if not (whole and cloned.dtype == np.float32 and cloned.flags.c_contiguous):
-        del cloned
-        path.unlink()
-        return False
-    return True
-
-
-def write_floats(path: Path, shape: tuple[int, int], chunks: Iterable[np.ndarray]) -> np.ndarray:
-    """Write `chunks` (row blocks, in order, `shape` in all) as one float32 .npy, through the
-    file, so the pages written never count in this process's memory; returns it mapped."""
-    written = 0
-    with open(path, "wb") as f:
-        header = {"descr": "<f4", "fortran_order": False, "shape": shape}
-        np.lib.format.write_array_header_1_0(f, header)
-        for chunk in chunks:
-            if chunk.ndim != 2 or chunk.shape[1] != shape[1]:
-                raise PactlError(f"float vectors of shape {chunk.shape} for a {shape[1]}-d file")
-            np.ascontiguousarray(chunk, dtype=np.float32).tofile(f)
-            written += len(chunk)
-    if written != shape[0]:
-        raise PactlError(f"{written:,} float vectors written for {shape[0]:,}")
-    return np.load(path, mmap_mode="r", allow_pickle=False)
-
-
-def rows_of(vectors: np.ndarray, rows: np.ndarray) -> Iterator[np.ndarray]:
-    """vectors[rows] (rows sorted) a block at a time, each block's pages dropped after it."""
-    step = ADD_BATCH
-    for start in range(0, len(rows), step):
-        block = rows[start : start + step]
-        if len(block):
-            yield np.ascontiguousarray(vectors[block])
-            drop_pages(vectors)
-
-
 # ---------------------------------------------------------------------------- rotation, codes
 
 
@@ -259,10 +192,11 @@ def new_code_index(factory: str, bits: int) -> Any:
     if not factory.startswith("B"):
         raise PactlError(
             f"--factory {factory!r}: a binary index takes BFlat, BIVF4096, BHNSW32 ..."
+    check_factory(factory)  # numbers FAISS would crash on, before it sees them
         )
     try:
         index = faiss.index_binary_factory(bits, factory)
-    except RuntimeError as e:
+    except (RuntimeError, MemoryError) as e:
         raise PactlError(f"FAISS cannot make {factory!r} for {bits} bits: {faiss_reason(e)}") from e
     if isinstance(faiss.downcast_IndexBinary(index), faiss.IndexBinaryIVF):
         return index

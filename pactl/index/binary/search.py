@@ -18,10 +18,8 @@ import numpy as np
 
 from pactl.codes.rotation import Rotation, hamming_scores
 from pactl.errors import PactlError
-from pactl.index.mapped import drop_pages
+from pactl.index.rescoring import MAX_RESCORE, padded, rescore
 
-MAX_RESCORE = 10_000  # candidates per hit a search may be asked to rescore
-RESCORE_BYTES = 32 * 2**20  # gathered candidate vectors per block of queries
 TIE_SLACK = 8  # candidates fetched beyond the m wanted, so level ones at the cut are seen
 NO_CODE = np.iinfo(np.int32).max  # the distance of a missing candidate (id -1): last
 
@@ -64,9 +62,9 @@ class BinaryIndex:
         if self.rescore == 0:
             distances, ids = self.candidates(q, k, params)
             scores = np.where(ids >= 0, hamming_scores(distances, self.bits), -np.inf)
-            return _padded(scores.astype(np.float32), ids, k)
+            return padded(scores.astype(np.float32), ids, k)
         _, found = self.candidates(q, min(k * self.rescore, self.ntotal), params)
-        return _padded(*rescore(self.floats, self.positions, queries, found, k), k)
+        return padded(*rescore(self.floats, self.positions, queries, found, k), k)
 
     def candidates(
         self, q: np.ndarray, m: int, params: Any = None
@@ -127,48 +125,3 @@ def hnsw_of(codes: Any) -> Any | None:
     inner = codes.index if isinstance(codes, faiss.IndexBinaryIDMap) else codes
     inner = faiss.downcast_IndexBinary(inner)
     return inner if isinstance(inner, faiss.IndexBinaryHNSW) else None
-
-
-def rescore(
-    floats: np.ndarray,
-    positions: Callable[[np.ndarray], np.ndarray],
-    queries: np.ndarray,
-    found: np.ndarray,
-    k: int,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The k best of each query's candidate ids `found` (nq, m; -1 for none) by exact cosine
-    with their float vectors: (scores float32, ids int64), (nq, min(k, m)), best first, level
-    scores in candidate order. A block of queries at a time (RESCORE_BYTES of gathered
-    vectors), each block's candidates read once, in file order, and their pages dropped from
-    the process after (pactl.index.mapped.drop_pages): memory stays the block's whatever the
-    number of queries or the size of the file."""
-    at = positions(found)  # (nq, m) rows of `floats`, -1 for none
-    if ((found >= 0) & (at < 0)).any():
-        raise PactlError("a candidate of the binary index is not an item: rebuild the bundle")
-    scores = np.full(found.shape, -np.inf, dtype=np.float32)
-    step = max(1, RESCORE_BYTES // max(1, found.shape[1] * floats.shape[1] * 4))
-    for start in range(0, len(found), step):
-        rows = at[start : start + step]
-        needed = np.unique(rows[rows >= 0])
-        if not len(needed):
-            continue
-        vectors = np.ascontiguousarray(floats[needed], dtype=np.float32)  # (u, d)
-        drop_pages(floats[needed[0] : needed[-1] + 1])
-        gathered = vectors[np.searchsorted(needed, np.maximum(rows, 0))]  # (b, m, d)
-        scores[start : start + step] = np.einsum(
-            "bmd,bd->bm", gathered, queries[start : start + step]
-        )
-    scores[at < 0] = -np.inf
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    kept = np.take_along_axis(scores, order, 1)
-    ids = np.where(np.isfinite(kept), np.take_along_axis(found, order, 1), -1)
-    return kept, ids
-
-
-def _padded(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """k columns: fewer found are padded with -inf and -1, as FAISS pads."""
-    short = k - ids.shape[1]
-    if short <= 0:
-        return scores[:, :k], ids[:, :k]
-    pad = ((0, 0), (0, short))
-    return np.pad(scores, pad, constant_values=-np.inf), np.pad(ids, pad, constant_values=-1)
