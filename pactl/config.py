@@ -374,14 +374,52 @@ class ParquetConfig:
     )
 
 
+QUANTIZATION_NAMES = ("int8", "none")  # pactl.interop.qdrant.QUANTIZATIONS
+MAX_QDRANT_SHARDS = 1_024  # far past any cluster's nodes: a shard per node is the start
+
+
 @dataclass(frozen=True)
 class QdrantConfig:
+    """`pactl export --to qdrant`: the collection's layout across a cluster, how points go in,
+    and the recall its search is tuned to (pactl.interop.qdrant)."""
+
     collection: str = setting("pactl", text(), "The Qdrant collection's name.")
     batch_size: int = setting(
         256,
         integer(1, MAX_BATCH_SIZE),
         "Points per upsert (and per lookup of the ids already there).",
     )
+    shards: int | None = setting(
+        None, optional(integer(1, MAX_QDRANT_SHARDS)),
+        "Shards of a new collection, spread over a distributed Qdrant's nodes (default: "
+        "Qdrant's, one per node).",
+    )  # fmt: skip
+    replication: int = setting(
+        1, integer(1, 16), "Copies of each shard on a distributed Qdrant (replication factor)."
+    )
+    quantization: str = setting(
+        "int8", choice(*QUANTIZATION_NAMES),
+        "int8: scalar-quantised vectors kept in RAM, searched first and rescored from the "
+        "float vectors; none: the float vectors alone.",
+    )  # fmt: skip
+    on_disk: bool = setting(
+        True, flag(), "Keep the float vectors on disk (memory-mapped); in RAM with --in-ram."
+    )
+    hnsw_m: int = setting(
+        16, integer(4, 128), "Links per node of the HNSW graph built after upload."
+    )
+    ef_construct: int = setting(
+        100, integer(4, 4_096), "Candidates the HNSW build keeps per node (Qdrant's ef_construct)."
+    )
+    parallel: int = setting(
+        1, integer(1, 64),
+        "Upload streams (processes) to a server; qdrant-client's local mode writes in one.",
+    )  # fmt: skip
+    target_recall: float = setting(
+        0.95, number(0, 1),
+        "Recall@10 against exact search that the search's hnsw_ef and oversampling are "
+        "tuned to, kept in the collection's metadata (0: not tuned, searched exactly).",
+    )  # fmt: skip
 
 
 C = TypeVar("C", ModelConfig, TrainConfig, IndexConfig)

@@ -71,6 +71,31 @@ def test_qdrant_export_resumes_and_query_gives_the_bundles_top_k(made: Path, mon
         assert max(abs(a[3] - b[3]) for a, b in zip(got, want, strict=True)) < 1e-5
 
 
+def test_qdrant_layout_options_reach_the_collection_and_query_says_its_search(
+    made: Path, monkeypatch, capsys
+) -> None:
+    """--shards, --replication, --hnsw-m, --parallel, --target-recall are taken (local mode
+    keeps no shards: tests/test_qdrant_tuning.py checks what a server is sent), the result line
+    says the search tuned, and `pactl query --qdrant` says on stderr how it searches; the
+    options are refused with another --to."""
+    args = ["export", "bundle", "--to", "qdrant", "qd", "--shards", "3", "--replication", "2",
+            "--hnsw-m", "8", "--parallel", "2", "--target-recall", "0.9", "--in-ram"]  # fmt: skip
+    code, out, err = run_cli(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert "exported 16 items" in out
+    assert "search tuned: hnsw_ef 16, oversampling 1, recall@10 1.0 (local mode: exact" in out
+    assert "local mode writes in one stream" in err
+    photo = str(sorted(Path("photos").rglob("*.png"))[0])
+    code, _, err = run_cli(["query", photo, "--index", "bundle", "--qdrant", "qd"],
+                           monkeypatch, capsys)  # fmt: skip
+    assert code == 0 and "Qdrant's local mode compares every point" in err
+    for option, value in (("--shards", "2"), ("--target-recall", "0.9"), ("--in-ram", None)):
+        extra = [option] if value is None else [option, value]
+        code, _, err = run_cli(["export", "vectors", "--to", "parquet", "--out", "pq", *extra],
+                               monkeypatch, capsys)  # fmt: skip
+        assert code == 2 and "goes with --to qdrant, not --to parquet" in one_error(err)
+
+
 def test_the_target_may_be_the_second_argument(made: Path, monkeypatch, capsys) -> None:
     """`pactl export BUNDLE --to qdrant PATH` writes where `--out PATH` does; both, or neither,
     is a usage error."""

@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from pactl.cli.options import Quiet, check_new_file, check_output, reporter, to_stdout
+from pactl.cli.options import (
+    Quiet,
+    check_new_file,
+    check_output,
+    choices,
+    reporter,
+    to_stdout,
+)
 from pactl.config import (
     ONNX_MAX_OPSET,
     ONNX_MIN_OPSET,
@@ -17,6 +24,9 @@ from pactl.config import (
     OnnxConfig,
     ParquetConfig,
     QdrantConfig,
+    choices_of,
+    declaration,
+    option_of,
 )
 from pactl.console import counted, literal, out, quoted
 from pactl.errors import UsageError
@@ -28,6 +38,11 @@ class Target(str, Enum):
     qdrant = "qdrant"
 
 
+# QdrantConfig's fields past the collection and batch: how the collection is laid out and tuned
+LAYOUT = (
+    "shards", "replication", "quantization", "on_disk", "hnsw_m", "ef_construct", "parallel",
+    "target_recall",
+)  # fmt: skip
 # option -> the --to it goes with: any other is refused rather than ignored
 ONLY_FOR = {
     "--opset": Target.onnx,
@@ -35,7 +50,20 @@ ONLY_FOR = {
     "--rows-per-shard": Target.parquet,
     "--collection": Target.qdrant,
     "--batch-size": Target.qdrant,
+    **{option_of(QdrantConfig, name): Target.qdrant for name in LAYOUT},
 }
+
+
+def _help(name: str) -> str:
+    default = QdrantConfig.__dataclass_fields__[name].default
+    shown = "" if default is None or isinstance(default, bool) else f" [default: {default}]"
+    return str(declaration(QdrantConfig, name)["help"]) + shown
+
+
+if TYPE_CHECKING:  # the members are the declaration's, read when the CLI is built
+    Quantization = Enum
+else:
+    Quantization = choices("Quantization", choices_of(QdrantConfig, "quantization"))
 
 
 def export(
@@ -79,6 +107,22 @@ def export(
     batch_size: Annotated[
         int | None, typer.Option(min=1, max=65_536, help="Points per Qdrant upsert [default: 256].")
     ] = None,
+    shards: Annotated[int | None, typer.Option(min=1, max=1_024, help=_help("shards"))] = None,
+    replication: Annotated[
+        int | None, typer.Option(min=1, max=16, help=_help("replication"))
+    ] = None,
+    quantization: Annotated[Quantization | None, typer.Option(help=_help("quantization"))] = None,
+    on_disk: Annotated[
+        bool | None, typer.Option("--on-disk/--in-ram", help=_help("on_disk"), show_default=False)
+    ] = None,
+    hnsw_m: Annotated[int | None, typer.Option(min=4, max=128, help=_help("hnsw_m"))] = None,
+    ef_construct: Annotated[
+        int | None, typer.Option(min=4, max=4_096, help=_help("ef_construct"))
+    ] = None,
+    parallel: Annotated[int | None, typer.Option(min=1, max=64, help=_help("parallel"))] = None,
+    target_recall: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help=_help("target_recall"))
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Write pactl's files in other tools' formats.
@@ -107,6 +151,12 @@ def export(
     given = {"--opset": opset is not None, "--overwrite": overwrite}
     given |= {"--rows-per-shard": rows_per_shard is not None, "--collection": bool(collection)}
     given["--batch-size"] = batch_size is not None
+    layout: dict[str, Any] = {
+        "shards": shards, "replication": replication, "on_disk": on_disk, "hnsw_m": hnsw_m,
+        "quantization": quantization.value if quantization is not None else None,
+        "ef_construct": ef_construct, "parallel": parallel, "target_recall": target_recall,
+    }  # fmt: skip
+    given |= {option_of(QdrantConfig, name): value is not None for name, value in layout.items()}
     for option in [name for name, value in given.items() if value and ONLY_FOR[name] != to]:
         raise UsageError(f"{option} goes with --to {ONLY_FOR[option].value}, not --to {to.value}")
     log = reporter(quiet)
@@ -133,17 +183,33 @@ def export(
         )
     else:
         folder = _folder_source(source, to)
+        chosen = {name: value for name, value in layout.items() if value is not None}
         config_q = QdrantConfig(
-            collection or QdrantConfig.collection, batch_size or QdrantConfig.batch_size
+            collection or QdrantConfig.collection,
+            batch_size or QdrantConfig.batch_size,
+            **chosen,
         )
         done = export_qdrant(folder, out_to, config_q, log)
         line = (
             f"exported {counted(done['written'], 'item')} to Qdrant collection "
             f"{quoted(config_q.collection)} at {out_to} ({done['skipped']:,} there already; "
-            f"{done['count']:,} in all)"
+            f"{done['count']:,} in all); {tuned_line(done['search'])}"
         )
     with to_stdout():
         out.print(literal(line))
+
+
+def tuned_line(tuned: dict[str, Any]) -> str:
+    """The tuned search of an export, in the words its result line ends with."""
+    if tuned.get("hnsw_ef") is None:
+        return "search not tuned (exact)"
+    over = f", oversampling {tuned['oversampling']}" if tuned.get("oversampling") else ""
+    exact = " (local mode: exact search)" if tuned.get("exact") else ""
+    reached = "" if tuned.get("target_reached") else ", below the target"
+    return (
+        f"search tuned: hnsw_ef {tuned['hnsw_ef']}{over}, recall@10 {tuned['recall_at_10']}"
+        f"{exact}{reached}"
+    )
 
 
 def destination(target: str | None, out_to: str | None) -> str:

@@ -45,9 +45,10 @@ def export_parquet(
 
 def export_qdrant(
     source: Path, target: str, config: QdrantConfig, reporter: Reporter
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """`pactl export BUNDLE --to qdrant`: a bundle's live items (or a vectors folder's) as
-    points of a Qdrant collection, skipping those already there (pactl.interop.qdrant)."""
+    points of a Qdrant collection, skipping those already there, its search tuned to
+    `config.target_recall` (pactl.interop.qdrant)."""
     from pactl.index import META_FILE, load_bundle
     from pactl.interop.qdrant import bundle_vectors, export_vectors
 

@@ -148,6 +148,7 @@ def query_chunks(
         from pactl.interop.qdrant import QdrantSearch
 
         find = QdrantSearch(*qdrant, int(opened.bundle.index.d), k)
+        reporter.log(find.describe())
     try:
         yield from answer_chunks(
             opened,
