@@ -193,6 +193,31 @@ def test_bf16_autocast_step_matches_float32(tmp_path: Path) -> None:
     assert losses["bf16"] == pytest.approx(losses["none"], rel=2e-2)
 
 
+def test_a_nan_loss_takes_no_step() -> None:
+    """A batch whose loss is NaN changes no weight and no proxy: train_step returns the NaN for
+    the epoch loop to stop on, before any backward or optimiser step."""
+    from pactl.config import ModelConfig, TrainConfig
+    from pactl.training.distributed import World
+    from pactl.training.trainer import build_trainer, train_step
+
+    model_cfg = ModelConfig(
+        backbone="small", weights="none", embedding_dim=16, image_size=16, resize_size=16
+    )
+    t = build_trainer(model_cfg, TrainConfig(device="cpu", workers=0), 4, World())
+    images = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    before = [p.detach().clone() for p in [*t.net.parameters(), *t.criterion.parameters()]]
+    loss = train_step(t, images * float("nan"), labels)
+    assert torch.isnan(loss)
+    after = [*t.net.parameters(), *t.criterion.parameters()]
+    assert all(torch.equal(b, a.detach()) for b, a in zip(before, after, strict=True))
+    assert all(p.grad is None for p in after)  # no backward either
+    finite = train_step(t, images, labels)  # a finite batch still steps
+    assert torch.isfinite(finite)
+    changed = [*t.net.parameters(), *t.criterion.parameters()]
+    assert any(not torch.equal(b, a.detach()) for b, a in zip(before, changed, strict=True))
+
+
 def test_baseline_loss_and_class_balanced_sampler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

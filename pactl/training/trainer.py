@@ -252,6 +252,8 @@ def train_step(
         embeddings, labels = t.doubt.select(embeddings, labels, indices)
     embeddings, labels = gather_batch(embeddings, labels, t.world)
     loss = t.criterion(embeddings, labels)  # float32 inside, whatever the autocast
+    if not bool(torch.isfinite(loss)):  # never a step on NaN/inf: the caller stops the run
+        return loss.detach()
     t.optimizer.zero_grad(set_to_none=True)
     t.scaler.scale(loss).backward()
     if t.cfg.grad_clip > 0:
