@@ -24,8 +24,8 @@ from pactl.errors import PactlError
 from pactl.index.binary.search import BinaryIndex, hnsw_of, rescore
 from pactl.index.build import (
     ADD_BATCH,
-    check_factory,
     TRAIN_POINTS_PER_LIST,
+    check_factory,
     check_parts,
     choose_binary_factory,
     faiss_reason,
@@ -192,8 +192,8 @@ def new_code_index(factory: str, bits: int) -> Any:
     if not factory.startswith("B"):
         raise PactlError(
             f"--factory {factory!r}: a binary index takes BFlat, BIVF4096, BHNSW32 ..."
-    check_factory(factory)  # numbers FAISS would crash on, before it sees them
         )
+    check_factory(factory)  # numbers FAISS would crash on, before it sees them
     try:
         index = faiss.index_binary_factory(bits, factory)
     except (RuntimeError, MemoryError) as e:
