@@ -188,6 +188,7 @@ def query(
         ask = (server, token, k, exclude_self, same_item, rescore)
         with_server(ask, paths, given, writer, strict, log)
         return
+    check_named_queries(images, strict)
     bundle = index_dir or find_bundle(runs_dir())
     if index_dir is None:
         log.log(f"using index {bundle}")
@@ -336,6 +337,27 @@ def answer_queries(
     if not answered:
         raise PactlError(no_answer(skipped, held))
     return skipped
+
+
+def check_named_queries(images: list[str], strict: bool) -> None:
+    """The query files named as arguments, checked before the network loads: none of them
+    there (and nothing else to read), or with --strict any of them missing, is the error the
+    search would end with, said at once. Folders and '-' are read as the search goes."""
+    from pactl.store.regular_files import NotRegular, check_regular, os_reason
+
+    named = [item for item in images if item != "-" and not Path(item).is_dir()]
+    held: list[tuple[str, str]] = []
+    for item in named:
+        try:
+            check_regular(Path(item).stat().st_mode)
+        except OSError as e:
+            held.append((item, os_reason(e)))
+        except NotRegular as e:
+            held.append((item, str(e)))
+    if held and strict:
+        raise PactlError("unreadable query image {}: {}".format(*held[0]))
+    if held and len(held) == len(images):
+        raise PactlError(no_answer(len(held), held))
 
 
 def no_answer(skipped: int, held: list[tuple[str, str]]) -> str:
