@@ -53,9 +53,15 @@ def test_a_batch_larger_than_the_readable_images_is_refused(
 ) -> None:
     make_class_folder(tmp_path / "imgs", classes=4, per_class=3)  # 6 train images, batch 8
     args = ["train", str(tmp_path / "imgs"), *TINY, "--batch-size", "4", "--m", "2"]
-    (tmp_path / "imgs" / "class_0" / "0.png").write_bytes(b"")
-    (tmp_path / "imgs" / "class_1" / "0.png").write_bytes(b"")
-    (tmp_path / "imgs" / "class_0" / "1.png").write_bytes(b"")
+    from pactl.datasets import manifest_from_folder
+
+    m = manifest_from_folder(tmp_path / "imgs")  # the train classes, as the default split draws
+    first, second = sorted(
+        {n for n, s in zip(m.class_names, m.splits, strict=True) if s == "train"}
+    )
+    (tmp_path / "imgs" / first / "0.png").write_bytes(b"")
+    (tmp_path / "imgs" / second / "0.png").write_bytes(b"")
+    (tmp_path / "imgs" / first / "1.png").write_bytes(b"")
     code, _, err = run_cli([*args, "--val-classes", "0", "--quiet"], monkeypatch, capsys)
     assert code == 1
     assert "larger than the train split (3 readable images, 3 unreadable images left out)" in err
