@@ -221,16 +221,16 @@ def missing_points(
 
 
 def keep_tuned(client: Any, name: str, tuned: dict[str, Any], reporter: Reporter) -> None:
-    """The tuned search into the collection's metadata; a server too old to keep metadata
-    (before Qdrant 1.16) is said in one line, and its queries then search exactly."""
+    """The tuned search into the collection's metadata; a server too old to keep collection
+    metadata is said in one line, and its queries then search exactly."""
     from qdrant_client.http.exceptions import UnexpectedResponse
 
     try:
         client.update_collection(name, metadata={METADATA_KEY: tuned})
     except UnexpectedResponse as e:
         reporter.warn(
-            f"Qdrant kept no metadata for {name!r} ({e.status_code}: Qdrant 1.16 or later "
-            f"does): pactl query --qdrant will search exactly, not as tuned"
+            f"Qdrant kept no metadata for {name!r} ({e.status_code}: a server too old for "
+            f"collection metadata): pactl query --qdrant will search exactly, not as tuned"
         )
 
 
