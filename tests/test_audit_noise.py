@@ -49,3 +49,16 @@ def test_noise_planted_in_one_label_is_found_in_that_label() -> None:
     assert 0.15 <= got.per_class[1] <= 40 / 120 + NOISE_TOLERANCE
     assert np.delete(got.per_class, 1).max() <= NOISE_TOLERANCE
     assert "noisiest: 1 " in got.words([str(c) for c in range(CLASSES)])
+
+
+def test_classes_smaller_than_k_are_not_all_counted_wrong() -> None:
+    """4 clean classes of 4 items, 10 neighbours each: an item's 3 class-mates fill its own
+    label's room (3), so no label is wrong; counted out of 10 places, every item would look
+    confident of the 4 items of a neighbouring class (4 of 10 beat 3 of 10)."""
+    given = np.repeat(np.arange(4), 4)
+    nearest = np.array(
+        [[j for j in np.argsort(np.abs(given - given[i]) * 10 + np.arange(16)) if j != i][:10]
+         for i in range(16)]
+    )  # fmt: skip
+    got = estimate_noise(given[nearest], given, 4)
+    assert got.overall == 0.0 and got.confident == 16

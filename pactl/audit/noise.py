@@ -3,8 +3,10 @@ manner of Confident Learning (Northcutt et al., JAIR 2021, "Confident Learning: 
 Uncertainty in Dataset Labels"): a count of the confident joint's off-diagonal.
 
 Each item's probability of a class is the share of its k nearest other items carrying that
-label (the neighbours' witness of pactl.audit.doubt, for every label among them). A class's
-threshold is the mean share of its own label over the items given it. An item counts as
+label (the neighbours' witness of pactl.audit.doubt, for every label among them), out of as many
+places as the label can fill: k, or the label's item count where smaller (less the item itself
+for its own label), so that classes smaller than k are not all confident of their neighbours'.
+A class's threshold is the mean share of its own label over the items given it. An item counts as
 confidently of class j where its share of j reaches j's threshold (the largest such share; its
 given label on a tie), and goes into the confident joint at (given, j); items confident of no
 class are left out. Each row of the joint is scaled to the number of items given that label
@@ -54,11 +56,16 @@ def estimate_noise(labels: np.ndarray, given: np.ndarray, classes: int) -> Noise
     `given` (N,): each item's label code, of `classes` codes."""
     valid = labels >= 0
     counted = np.maximum(valid.sum(axis=1), 1)
-    # (N, k) the share of the row's neighbours carrying column c's label; (N,) its own label's
-    share = (labels[:, :, None] == labels[:, None, :]).sum(axis=2) / counted[:, None]
-    share = np.where(valid, share, 0.0)
-    own = ((labels == given[:, None]) & valid).sum(axis=1) / counted
     n = np.bincount(given, minlength=classes).astype(np.float64)
+    # A label can fill at most as many of the k places as it has items (less the item itself
+    # for its own): a class of 4 among 10 neighbours is whole at 4 (or 3), not at 10.
+    supply = n[np.maximum(labels, 0)] - (labels == given[:, None])  # (N, k)
+    room = np.minimum(counted[:, None], np.maximum(supply, 1))
+    # (N, k) the share of the room of column c's label its neighbours fill; (N,) its own label's
+    hits = (labels[:, :, None] == labels[:, None, :]).sum(axis=2)
+    share = np.where(valid, np.minimum(hits / np.maximum(room, 1), 1.0), 0.0)
+    own_room = np.maximum(np.minimum(counted, n[given] - 1), 1)
+    own = np.minimum(((labels == given[:, None]) & valid).sum(axis=1) / own_room, 1.0)
     threshold = np.bincount(given, weights=own, minlength=classes) / np.maximum(n, 1)
     above = valid & (share >= threshold[np.maximum(labels, 0)]) & (share > 0)
     best = np.where(above, share, -1.0)
