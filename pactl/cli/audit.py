@@ -30,8 +30,10 @@ from pactl.console import counted, out
 from pactl.errors import PactlError, UsageError
 
 if TYPE_CHECKING:
+    from pactl.audit.classes import ClassView
     from pactl.console import Reporter
-    from pactl.verbs.audit import AuditResult
+    from pactl.output import FindingWriter
+    from pactl.verbs.audit import AuditConfig, AuditResult
 
     Score = Enum
     Centres = Enum
@@ -46,8 +48,9 @@ def audit(
         typer.Argument(
             exists=True,
             file_okay=False,
-            metavar="RUN|BUNDLE",
-            help="A run folder (runs/<run>) or an index bundle.",
+            metavar="RUN|BUNDLE|FOLDER",
+            help="A run folder (runs/<run>), an index bundle, or a folder of images to audit "
+            "without labels (copies, outliers and image checks).",
         ),
     ],
     source: Annotated[
@@ -88,6 +91,30 @@ def audit(
         ),
     ] = None,
     no_copies: Annotated[bool, typer.Option("--no-copies", help="Do not look for copies.")] = False,
+    no_checks: Annotated[
+        bool,
+        typer.Option(
+            "--no-checks",
+            help="Do not run the image checks (dark, bright, blurry, low-information, odd size "
+            "or aspect, grayscale among colour, unreadable).",
+        ),
+    ] = False,
+    no_labels: Annotated[
+        bool,
+        typer.Option(
+            "--no-labels",
+            help="Audit a FOLDER of class sub-folders without its labels: copies within the "
+            "set, outliers and the image checks.",
+        ),
+    ] = False,
+    classes: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Write the class view here as CSV: each class's items, share, label quality "
+            "and suspected items, then the confusable class pairs.",
+        ),
+    ] = None,
     workers: Annotated[
         int,
         typer.Option(
@@ -190,7 +217,8 @@ def audit(
     overwrite: Annotated[
         bool,
         typer.Option(
-            "--overwrite", help="Replace the --sheet and --write-manifest files if they exist."
+            "--overwrite",
+            help="Replace the --sheet, --classes and --write-manifest files if they exist.",
         ),
     ] = False,
     fmt: Annotated[
@@ -216,6 +244,7 @@ def audit(
       pactl audit runs/<run> --source photos/ --sheet suspects.png
       pactl audit runs/<run>/index --top 0 -f csv > audit.csv
       pactl audit runs/<run> --drop picked.csv --write-manifest clean.csv
+      pactl audit photos/ --top 50     # no labels: copies, outliers, image checks
     """
     from pactl.output import FindingWriter
     from pactl.verbs.audit import AuditConfig, findings, planted_report
@@ -231,6 +260,9 @@ def audit(
     check_actions(asked, False, [p for p in (drop, relabel) if p is not None])
     inputs = audit_inputs(target, source, drop)
     checks(sheet, write_manifest, dropping, overwrite, inputs)
+    if classes is not None:
+        check_output(classes, "--classes", folder=False)
+        check_new_file(classes, overwrite, "--classes", inputs)
     log = reporter(quiet)
     config = AuditConfig(
         source=source,
@@ -239,16 +271,26 @@ def audit(
         neighbours=neighbours,
         copy_threshold=copy_threshold,
         copies=not no_copies,
+        checks=not no_checks,
         device=device,
         workers=workers,
     )
-    result = run_audit(target, config, log)
-    check_not_audited(result, sheet, write_manifest)
     chosen = fmt.value if fmt else ("table" if out.is_terminal else "csv")
     writer = FindingWriter(out, sys.stdout, chosen, False, False, log)
+    if no_labels or not any((target / n).is_file() for n in ("config.json", "meta.json")):
+        given = (sheet, write_manifest, classes, findings_file, labelstudio, fiftyone)
+        needs = [o for o, v in zip(LABELLED_OUTPUTS, given, strict=True) if v is not None]
+        without_labels(target, config, (no_labels, top, needs), writer)
+        return
+    result = run_audit(target, config, log)
+    check_not_audited(result, sheet, write_manifest)
     with to_stdout():
         writer.write(findings(result, top))
+        if chosen == "table" and result.classes is not None:
+            class_tables(result.classes, top)
         writer.close()
+    if classes is not None and result.classes is not None:
+        write_classes(result.classes, classes, log)
     summary = planted_report(result)
     if summary is not None:
         log.log(summary)
@@ -333,10 +375,11 @@ def outputs(
 ) -> None:
     """The contact sheet and the clean manifest, where asked for."""
     from pactl.report import suspect_sheet
-    from pactl.verbs.audit import chosen_rows, sheet_rows, write_clean_manifest
+    from pactl.verbs.audit import chosen_rows, sheet_notes, sheet_rows, write_clean_manifest
 
     if sheet is not None:
-        suspect_sheet(sheet_rows(result, top or 20), sheet)
+        notes = sheet_notes(result, top or 20)
+        suspect_sheet(sheet_rows(result, top or 20), sheet, notes=notes)
         log.log(f"wrote {sheet}")
     if manifest is not None:
         rows = chosen_rows(result, *drops)
@@ -344,3 +387,73 @@ def outputs(
         log.log(
             f"wrote {manifest}: {counted(written, 'row')} ({counted(len(rows), 'row')} left out)"
         )
+
+
+# The outputs made of a labelled audit's results, refused without labels.
+LABELLED_OUTPUTS = (
+    "--sheet",
+    "--write-manifest",
+    "--classes",
+    "--findings",
+    "--labelstudio",
+    "--fiftyone",
+)
+
+
+def without_labels(
+    folder: Path, config: AuditConfig, asked: tuple[bool, int, list[str]], writer: FindingWriter
+) -> None:
+    """The label-free audit of a folder of images (pactl.verbs.audit_folder); `asked`: whether
+    --no-labels was given, --top, and the LABELLED_OUTPUTS asked for, refused in one line."""
+    from pactl.verbs.audit_folder import audit_folder, folder_findings
+
+    no_labels, top, needs = asked
+    if needs:
+        raise UsageError(f"{', '.join(needs)} need labels: audit a run or a bundle for them")
+    result = audit_folder(folder, config, no_labels, writer.reporter)
+    with to_stdout():
+        writer.write(folder_findings(result, top))
+        writer.close()
+    writer.reporter.log(
+        f"{counted(len(result.data), 'image')}: {counted(len(result.copies), 'copy pair')} "
+        "within the set"
+    )
+
+
+def class_tables(view: ClassView, top: int) -> None:
+    """The class view on stdout for people: the classes, lowest label quality first, and the
+    confusable pairs, most moved first (each its first `top` rows; 0: all)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from pactl.audit.classes import COLUMNS, rows
+    from pactl.console import visible
+
+    every = rows(view)
+    for kind, title, shown in (
+        ("class", "classes (label quality: mean belief in their labels)", (2, 4, 5, 6, 7, 8)),
+        (
+            "pair",
+            "confusable class pairs (items suggested from one to the other)",
+            (2, 3, 4, 9, 10),
+        ),
+    ):
+        chosen = [r for r in every if r[0] == kind]
+        if not chosen:
+            continue
+        table = Table(title=title, title_justify="left")
+        for i in (1, *shown):
+            table.add_column(COLUMNS[i], overflow="fold")
+        for r in chosen[:top] if top else chosen:
+            table.add_row(*(Text(visible(str(r[i]))) for i in (1, *shown)))
+        out.print(table)
+
+
+def write_classes(view: ClassView, path: Path, log: Reporter) -> None:
+    """The class view as CSV at `path`, written atomically."""
+    from pactl.audit.classes import COLUMNS, rows
+    from pactl.store.csv_cells import csv_text
+    from pactl.store.generations import atomic_write_text
+
+    atomic_write_text(path, csv_text(COLUMNS, rows(view)))
+    log.log(f"wrote {path}: {int((view.counts > 0).sum()):,} classes")
