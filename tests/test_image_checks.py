@@ -15,12 +15,15 @@ from pactl.audit.thumbnails import read_pictures
 
 
 def test_sharpness_is_the_laplacians_spread_over_the_grey_spread_by_hand() -> None:
-    grey = np.zeros((4, 4))
+    grey = np.zeros((8, 8))
     grey[1, 1] = 100.0
-    # interior Laplacians: (1,1) -400, (1,2) 100, (2,1) 100, (2,2) 0: mean -50, variance 42,500;
-    # the grey levels: one 100 among 16, variance 100² / 16 - 6.25² = 585.9375
-    assert sharpness(grey) == pytest.approx(np.sqrt(42_500) / np.sqrt(585.9375), rel=1e-12)
+    # the 36 interior Laplacians: (1,1) -400, (1,2) and (2,1) 100, the rest 0: variance
+    # (400² + 2 x 100²) / 36 - (-200 / 36)²; the grey levels: one 100 among 64
+    laplacian = (400**2 + 2 * 100**2) / 36 - (200 / 36) ** 2
+    levels = 100**2 / 64 - (100 / 64) ** 2
+    assert sharpness(grey) == pytest.approx(np.sqrt(laplacian / levels), rel=1e-12)
     assert np.isnan(sharpness(np.full((8, 8), 7.0)))  # blank: nothing to judge
+    assert np.isnan(sharpness(grey[:7]))  # too few pixels to judge
 
 
 def test_entropy_brightness_colour_and_size_by_hand() -> None:

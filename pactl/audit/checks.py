@@ -25,6 +25,7 @@ CHECK_SIDE = 128  # pixels a side the measures are taken at, at most (larger ima
 OUTLYING = 3.0  # robust deviations from the set's median at which an image is odd
 MAD_TO_SIGMA = 1.4826  # the median absolute deviation of a normal distribution x this: sigma
 MEASURES = ("width", "height", "top_light", "bottom_light", "sharpness", "entropy", "colour")
+SHARP_SIDE = 8  # pixels a side an image needs for its sharpness to be judged
 COLOUR_FLOOR = 1e-3  # added before the log of the colour measure (a grey image's is 0)
 
 
@@ -80,8 +81,8 @@ def sharpness(grey: np.ndarray) -> float:
     """The standard deviation of the 4-neighbour Laplacian over the interior pixels, over the
     standard deviation of the grey levels: blur takes the fine detail out and leaves the spread,
     while a dim or low-contrast picture loses both alike. NaN where there is no spread (a blank
-    image has no sharpness to judge) or under 3 pixels a side."""
-    if min(grey.shape) < 3 or grey.std() < 1.0:
+    image has no sharpness to judge) or under SHARP_SIDE pixels a side (too few to judge)."""
+    if min(grey.shape) < SHARP_SIDE or grey.std() < 1.0:
         return float("nan")
     laplacian = (
         grey[1:-1, :-2] + grey[1:-1, 2:] + grey[:-2, 1:-1] + grey[2:, 1:-1] - 4 * grey[1:-1, 1:-1]
