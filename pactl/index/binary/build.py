@@ -8,9 +8,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from pactl.codes.rotation import Rotation, check_bits, learn_rotation
 from pactl.config import IndexConfig
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.index.binary.search import BinaryIndex, hnsw_of, rescore
+from pactl.index.binary.search import BinaryIndex, hnsw_of
 from pactl.index.build import (
     ADD_BATCH,
     TRAIN_POINTS_PER_LIST,
