@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -125,7 +127,7 @@ def test_verify_says_meta_is_covered_and_what_an_older_bundle_leaves_unverified(
     code, out, err = run_cli(["index", "--verify", str(bundle)], monkeypatch, capsys)
     assert code == 0 and out.strip().endswith("and so do meta.json's fields"), err
     meta = json.loads((bundle / "meta.json").read_text())
-    del meta["checksums"]["meta"]  # as a pactl before the digest wrote it
+    del meta["checksums"]["meta"], meta["sealed"]  # as a pactl before the digest wrote it
     meta["search_params"] = "nprobe=2"  # not vouched for: the line says so
     (bundle / "meta.json").write_text(json.dumps(meta))
     assert len(load_bundle(bundle).items) == 64
@@ -135,6 +137,54 @@ def test_verify_says_meta_is_covered_and_what_an_older_bundle_leaves_unverified(
     assert code == 0, err
     assert "meta.json's own fields (its settings) carry no checksum" in out
     assert "were not verified" in out and "match their checksums" in out
+
+
+# what a sealed meta.json loses when its record is removed or made to look like an older
+# writer's: each is refused as an edit, never "not verified" with exit 0
+UNSEALINGS = {
+    "digest deleted": lambda meta: meta["checksums"].pop("meta"),
+    "record deleted": lambda meta: meta.pop("checksums"),
+    "record's generation edited": lambda meta: meta["checksums"].update(generation="another"),
+    "record's algorithm edited": lambda meta: meta["checksums"].update(algorithm="md5"),
+}
+
+
+@pytest.mark.parametrize("unseal", UNSEALINGS.values(), ids=UNSEALINGS.keys())
+def test_a_sealed_bundle_without_its_digest_fails_verify_and_serve(
+    tmp_path: Path,
+    unseal: Callable[[dict[str, Any]], object],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bundle = float_bundle(tmp_path)
+    meta = json.loads((bundle / "meta.json").read_text())
+    assert meta["sealed"] == meta["generation"]
+    unseal(meta)
+    meta["search_params"] = "nprobe=1"  # the edit the digest would have found
+    (bundle / "meta.json").write_text(json.dumps(meta))
+    code, out, err = run_cli(["index", "--verify", str(bundle)], monkeypatch, capsys)
+    assert code == 1 and out == "" and EDITED in one_error(err)
+    pytest.importorskip("uvicorn")
+    code, out, err = run_cli(["serve", str(bundle), "--port", "0"], monkeypatch, capsys)
+    assert code == 1 and out == "" and EDITED in one_error(err)
+
+
+def test_the_seal_marker_is_covered_and_an_older_writers_rewrite_is_not_taken_for_damage(
+    tmp_path: Path,
+) -> None:
+    """Deleting "sealed" alone is an edit the digest finds; a rewrite by an older pactl (a new
+    generation, both the marker and the record kept from the old one) is its writer's, as
+    before."""
+    bundle = float_bundle(tmp_path)
+    meta = json.loads((bundle / "meta.json").read_text())
+    (bundle / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "sealed"}))
+    with pytest.raises(PactlError, match=EDITED):
+        verify_bundle(bundle)
+    from pactl.store.checksums import check_meta, sealed
+
+    rewritten = {**meta, "generation": ".pactl-gen-newer"}
+    assert not sealed(rewritten)
+    assert check_meta(rewritten, bundle / "meta.json", "fix") is False
 
 
 def overwrite_rows(npy: Path, rows: np.ndarray) -> None:

@@ -33,10 +33,10 @@ def verify_bundle(path: Path, reporter: Reporter | None = None) -> checksums.Che
     def read(gen: Path) -> checksums.Checked | None:
         _refuse_shared(path, gen)
         meta = read_meta(path, gen)
+        covered = checksums.check_meta(meta, path / "meta.json", FIX)  # a sealed one needs it
         digests = checksums.recorded(meta)
         if digests is None:
             return None
-        covered = checksums.check_meta(meta, path / "meta.json", FIX)
         total = sum((gen / name).stat().st_size for name in digests if (gen / name).is_file())
         with log.bar(f"verifying {path}", total) as advance:
             checked = checksums.check(gen, digests, path, FIX, advance)

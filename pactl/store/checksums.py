@@ -18,6 +18,14 @@ the model's preprocessing), so the record also holds "meta": the digest of meta.
 fields as canonical JSON (keys sorted, no spaces), the record's "meta" itself left out. A
 record without it (written before it) vouches for the files only, and the check says so.
 
+A writer that seals also writes "sealed": the name of the generation it sealed, a top-level
+field outside the record and inside the digest. It tells a bundle from before the digest apart
+from one whose record was deleted or edited: while "sealed" names the meta.json's own
+generation, a missing record, a record for another generation or a record without "meta" is
+damage, never "not verified". (An older pactl that rewrites the folder keeps the field with
+the old generation's name: that meta.json is then taken as the older writer's, as its record
+is.) The digest has no key: it finds damage and edits, not a forger who rewrites it.
+
 A bundle must be whole in itself: a file of its generation that is also a hard link to a file
 outside the folder's generations (an older pactl linked a binary bundle's floats.npy to the
 vectors file) changes when that file is written, with no write to the bundle; shared_outside
@@ -40,6 +48,7 @@ from pactl.errors import PactlError
 ALGORITHM = "blake2b-256"  # in hashlib everywhere, fast in pure CPython, no extra to install
 BLOCK_BYTES = 1 << 20  # bytes read at a time (hashed, copied)
 META_KEY = "meta"  # the record's digest of meta.json's own fields
+SEALED_KEY = "sealed"  # top level: the generation whose writer sealed meta.json
 GENERATION_PREFIX = ".pactl-gen-"  # pactl.store.generations' folders (a sibling: no import)
 
 
@@ -88,16 +97,30 @@ def seal(meta: dict[str, Any]) -> dict[str, Any]:
     """`meta` (with its "checksums" record) plus the digest of its own fields, computed on the
     JSON as it will be read back (a tuple is a list there, an int key a string)."""
     written: dict[str, Any] = json.loads(json.dumps(meta))
+    written[SEALED_KEY] = written["generation"]  # before the digest, which covers it
     written["checksums"] = {**written["checksums"], META_KEY: meta_digest(written)}
     return written
+
+
+def sealed(meta: dict[str, Any]) -> bool:
+    """Whether meta.json says its own generation's writer sealed it (so it must hold a record
+    of that generation with the digest of its fields)."""
+    generation = meta.get("generation")
+    return isinstance(generation, str) and meta.get(SEALED_KEY) == generation
 
 
 def check_meta(meta: dict[str, Any], shown: Path, fix: str) -> bool:
     """Whether meta.json's fields match the digest its record holds of them: True when they
     do, False when it records none (a bundle written before the digest); one line when they
-    differ (a field edited or damaged)."""
+    differ (a field edited or damaged) or when a sealed meta.json lacks the record or its
+    digest (deleted, or the record's generation edited)."""
     found = meta.get("checksums")
     if recorded(meta) is None or not isinstance(found, dict) or META_KEY not in found:
+        if sealed(meta):
+            raise PactlError(
+                f"{shown} is damaged or was edited: it was sealed with a {ALGORITHM} checksum "
+                f"of its fields, and its checksum record or that checksum is missing: {fix}"
+            )
         return False
     if found[META_KEY] != meta_digest(meta):
         raise PactlError(
