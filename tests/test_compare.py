@@ -152,6 +152,41 @@ def test_compare_command(
     assert code == 2 and "not a run folder" in err
 
 
+def test_compare_replaces_its_files_in_out_only_with_overwrite(
+    runs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compare.csv, .md and .png already in --out (a study's record, or a file of the user's
+    named so) are the user's: kept, in one line before any work, unless --overwrite; a link,
+    a FIFO or a run's own metrics.csv of that name is refused even then."""
+    import os
+
+    from conftest import one_error, run_cli
+
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "compare.md").write_text("my notes\n")
+    args = ["compare", str(runs), "--format", "csv", "--out", str(out)]
+    code, stdout, err = run_cli(args, monkeypatch, capsys)
+    assert code == 1 and stdout == "" and "compare.md exists; pass --overwrite" in one_error(err)
+    assert (out / "compare.md").read_text() == "my notes\n" and not (out / "compare.csv").exists()
+    code, _, err = run_cli([*args, "--overwrite"], monkeypatch, capsys)
+    assert code == 0, err
+    assert (out / "compare.md").read_text() != "my notes\n"
+    (out / "compare.csv").unlink()
+    (out / "compare.csv").symlink_to(tmp_path / "elsewhere.csv")
+    code, _, err = run_cli([*args, "--overwrite"], monkeypatch, capsys)
+    assert code == 1 and "compare.csv is a symbolic link" in one_error(err)
+    assert (out / "compare.csv").is_symlink() and not (tmp_path / "elsewhere.csv").exists()
+    (out / "compare.csv").unlink()
+    os.mkfifo(out / "compare.csv")
+    code, _, err = run_cli([*args, "--overwrite"], monkeypatch, capsys)
+    assert code == 1 and "compare.csv is a FIFO" in one_error(err)
+    (out / "compare.csv").unlink()
+    os.link(runs / "a-s0" / "metrics.csv", out / "compare.csv")
+    code, _, err = run_cli([*args, "--overwrite"], monkeypatch, capsys)
+    assert code == 2 and "which this command reads" in one_error(err)
+
+
 def test_benchmark_runs_get_the_published_recall_beside_them(tmp_path: Path) -> None:
     run = tmp_path / "cub"
     run.mkdir()

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from pactl.cli.options import check_output, to_stdout
+from pactl.cli.options import check_new_file, check_output, to_stdout
 from pactl.console import err, literal, out, quoted
 from pactl.errors import UsageError
 
@@ -57,6 +57,10 @@ def compare(
             "differ and the key metrics, within its width; csv, json and markdown every one).",
         ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace compare.csv, .md and .png in --out if there."),
+    ] = False,
 ) -> None:
     """One row per recipe: loss, backbone, the settings that differ, best and last Recall@K and
     MAP@R on the test classes, the best epoch and the split that chose it, epochs and seconds.
@@ -65,20 +69,24 @@ def compare(
     row, mean ± std (sample std). A run still training shows the epochs it has. For the four
     benchmarks, the published Recall@1 of the same setting is beside it. --out adds the plot:
     Recall@1 against epochs and wall time, a line per recipe and a band of ± one std over its
-    seeds.
+    seeds. Files already in --out are replaced only with --overwrite.
 
     Examples:
 
     \b
       pactl compare runs/cub-pa-s0 runs/cub-pa-s1 runs/cub-nca
-      pactl compare runs/ --out study/ --format markdown
+      pactl compare runs/ --out study/ --format markdown --overwrite
       pactl compare runs/sweep-fonts/points --at-epochs 1,2,5
       pactl compare runs/ --wide | less -S
     """
+    from pactl.research.compare import OUTPUT_FILES, RUN_FILES, find_runs
     from pactl.research.compare import compare as compare_runs
 
     if out is not None:
         check_output(out, "--out", folder=True)
+        read = [run / name for run in find_runs(list(runs)) for name in RUN_FILES]
+        for name in OUTPUT_FILES:
+            check_new_file(out / name, overwrite, "--out", read)
     width = None if wide else terminal_width()
     result = compare_runs(list(runs), fmt.value, out, epochs_given(at_epochs), width)
     with to_stdout():

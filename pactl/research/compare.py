@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 
+OUTPUT_FILES = ("compare.csv", "compare.md", "compare.png")  # what --out holds
+RUN_FILES = ("config.json", "metrics.csv")  # what compare reads of each run
+
+
 def find_runs(paths: list[Path]) -> list[Path]:
     """Run folders (holding config.json); a folder of run folders (runs/, a sweep) adds each."""
     found: list[Path] = []
@@ -260,10 +264,11 @@ def compare(
     written: list[Path] = []
     if out is not None:
         make_folder(out)
-        for name, kind in (("compare.csv", "csv"), ("compare.md", "markdown")):
-            atomic_write_text(out / name, _every_column(frame, kind))
-            written.append(out / name)
-        save_figure(figure(groups), out / "compare.png")
-        written.append(out / "compare.png")
+        table, markdown, picture = (out / name for name in OUTPUT_FILES)
+        for path, kind in ((table, "csv"), (markdown, "markdown")):
+            atomic_write_text(path, _every_column(frame, kind))
+            written.append(path)
+        save_figure(figure(groups), picture)
+        written.append(picture)
     text, left_out = rendered(frame, fmt, width)
     return CompareResult(text, tuple(written), tuple(left_out))
