@@ -14,6 +14,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
+# ImageNet's mean and std, as the transforms take them
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def normalised(rgb: tuple[int, int, int]) -> np.ndarray:
+    """A colour as the transforms normalise it with MEAN and STD, in float64."""
+    return (np.array(rgb, dtype=np.float64) / 255.0 - np.array(MEAN)) / np.array(STD)
+
+
 # A small network on small images: a training epoch takes about a second on the CPU.
 TINY = [
     "--backbone", "small", "--weights", "none", "--dim", "16", "--image-size", "16",
