@@ -29,13 +29,14 @@ from pactl.config import EmbedConfig, IndexConfig, ModelConfig
 from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError, UsageError
 from pactl.results import Hit
+from pactl.store.vectors_folder import Vectors
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
     from PIL import Image
 
-    from pactl.index import Bundle, ItemTable
+    from pactl.index import Bundle
     from pactl.losses import (
         ContrastiveLoss,
         CosineContrastiveLoss,
@@ -360,15 +361,6 @@ def open_index(
     return Index(path, checkpoint, device, faiss_device, progress)
 
 
-@dataclass(frozen=True)
-class Vectors:
-    """An embed output folder read back (its shards joined in shard order)."""
-
-    vectors: np.ndarray  # (N, D) float32 unit rows; memory-mapped for an unsharded folder
-    items: ItemTable  # ids, paths, labels, sizes, mtimes: row i describes vectors[i]
-    meta: dict[str, Any]  # meta.json
-
-
 @checked()
 def embed_folder(
     source: str | Path,
@@ -394,10 +386,11 @@ def embed_folder(
 
 @checked()
 def read_vectors(folder: str | Path) -> Vectors:
-    """The vectors, items and meta of an embed output folder (`pactl embed --out`)."""
+    """The vectors, items and meta of an embed output folder (`pactl embed --out`), its shards
+    joined in shard order: the Vectors the library's own reader returns."""
     from pactl.verbs.vector_sources import gather_vectors
 
-    return Vectors(*gather_vectors(Path(folder)))
+    return gather_vectors(Path(folder))
 
 
 @checked()

@@ -101,6 +101,22 @@ def test_exact_scores_are_inner_products_of_the_embedded_vectors(bundle: Path) -
     assert [h.id for h in hits] == stored.items.ids[expected].tolist()
 
 
+def test_read_vectors_returns_the_record_the_library_reads(bundle: Path) -> None:
+    """pactl.read_vectors hands on the library's own reading, not a copy of another type: one
+    Vectors record from every reader, with names and unpacking as `vectors, items, meta`."""
+    import pactl
+    from pactl.embed import read_embedded
+    from pactl.verbs.vector_sources import gather_vectors
+
+    got = pactl.read_vectors(bundle / "vectors")
+    one = read_embedded(bundle / "vectors")
+    assert type(got) is type(gather_vectors(bundle / "vectors")) is type(one) is pactl.Vectors
+    vectors, items, meta = got
+    assert vectors is got.vectors and items is got.items and meta is got.meta
+    np.testing.assert_array_equal(vectors, one.vectors)
+    assert items.paths.tolist() == one.items.paths.tolist() and meta == one.meta
+
+
 def test_add_and_delete_switch_generations_like_the_cli(bundle: Path, monkeypatch, capsys) -> None:
     import pactl
 

@@ -42,9 +42,9 @@ def pactl_folder(root: Path, vectors: np.ndarray, checkpoint: Path) -> Path:
     """The same vectors as a vectors folder that `pactl embed` writes with `checkpoint`'s
     network: its writer's items.csv and meta.json (the vectors themselves given, not made)."""
     from pactl.checkpoint import open_network
-    from pactl.embed.folder import ITEMS_COLUMNS
     from pactl.embed.writing import vectors_meta
     from pactl.store.csv_cells import write_rows
+    from pactl.store.vectors_folder import ITEMS_COLUMNS
 
     _, network = open_network(checkpoint)
     root.mkdir()

@@ -326,3 +326,44 @@ def test_the_index_registries_are_the_declared_choices() -> None:
     assert INDEX_RULES["on_disk"].names == ON_DISK_CHOICES
     assert INDEX_RULES["faiss_device"].names == FAISS_DEVICES
     assert INDEX_RULES["rotation"].names == ROTATION_CHOICES
+
+
+def declarations(name: str, literal: str | None) -> list[str]:
+    """Where pactl/ assigns `name` at a module's top, or writes the string `literal`."""
+    found = []
+    for path in modules():
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            named = any(isinstance(t, ast.Name) and t.id == name for t in targets)
+            if named or any(
+                isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value == literal
+                for n in ast.walk(node)
+            ):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize(
+    ("name", "literal", "home"),
+    [
+        ("MAX_DIMENSION", None, "rules.py"),
+        pytest.param(
+            "VECTORS_FORMAT",
+            "pactl.vectors",
+            "store/vectors_folder.py",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="pactl/index/bundle.py declares VECTORS_FORMAT a second time: it is to "
+                "import pactl.store.vectors_folder's (then this mark goes)",
+            ),
+        ),
+    ],
+)
+def test_the_vectors_folder_format_is_declared_once(
+    name: str, literal: str | None, home: str
+) -> None:
+    """The vectors folder's format name and its widest vector are declared in one place
+    (pactl.store.vectors_folder; MAX_DIMENSION in pactl.rules, the leaf under it), so a
+    reader and a writer cannot come to disagree on them."""
+    found = declarations(name, literal)
+    assert len(found) == 1 and found[0].startswith(f"{home}:"), found

@@ -2,8 +2,9 @@
 
 Four rooms, in reading order: `forward` (the forward pass over batches of files), `fastpath`
 (the network prepared once for many images), `writing` (writing the folder: shards, meta.json,
-progress commits) and `folder` (its format and reading it back). This module only hands on the names
-callers use, each imported when first asked for: reading a vectors folder imports no torch.
+progress commits) and `folder` (its shards and reading it back; the format itself is
+pactl.store.vectors_folder's). This module only hands on the names callers use, each imported
+when first asked for: reading a vectors folder imports no torch.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
         Shard,
         parse_shard,
         read_embedded,
-        read_vectors,
+        read_shards,
     )
     from pactl.embed.forward import Embedded, decode_files, embed_decoded, embed_files
     from pactl.embed.writing import embed_to_folder
@@ -34,7 +35,7 @@ _HOMES = {
         "Shard",
         "parse_shard",
         "read_embedded",
-        "read_vectors",
+        "read_shards",
     ),
     "forward": ("Embedded", "decode_files", "embed_decoded", "embed_files"),
     "writing": ("embed_to_folder",),
@@ -55,7 +56,7 @@ __all__ = [
     "inference_model",
     "parse_shard",
     "read_embedded",
-    "read_vectors",
+    "read_shards",
 ]
 
 

@@ -1,6 +1,6 @@
-"""The vectors folder's format and reading it back: the names of its files, shards, and the
-memory-mapped vectors with their items and meta.json. No torch here: `pactl index VECTORS`
-reads a folder without importing it."""
+"""Reading a vectors folder back (its format is pactl.store.vectors_folder's): one generation's
+memory-mapped vectors with their items and meta.json, or a sharded folder's shards in order; and
+the shards themselves. No torch here: `pactl index VECTORS` reads a folder without importing it."""
 
 from __future__ import annotations
 
@@ -15,14 +15,32 @@ from pactl.config import ModelConfig, read_config
 from pactl.errors import PactlError, UsageError
 from pactl.store import json_fields
 from pactl.store.generations import check_files, read_current
+from pactl.store.item_table import ItemTable
+from pactl.store.vectors_folder import (
+    MAX_COUNT,
+    MAX_DIMENSION,
+    PROGRESS_PREFIX,
+    SHARDS_DIR,
+    VECTORS_FILES,
+    VECTORS_FORMAT,
+    VECTORS_VERSION,
+    Parts,
+    Vectors,
+)
 
-VECTORS_FORMAT = "pactl.vectors"
-VECTORS_VERSION = 1
-VECTORS_FILES = ("vectors.npy", "items.csv", "skipped.csv", "meta.json")
+# The format's names that pactl.embed hands on are pactl.store.vectors_folder's.
+__all__ = [
+    "MAX_SHARDS",
+    "PROGRESS_PREFIX",
+    "VECTORS_FILES",
+    "VECTORS_FORMAT",
+    "Shard",
+    "parse_shard",
+    "read_embedded",
+    "read_shards",
+    "read_vectors_in",
+]
 
-
-ITEMS_COLUMNS = ("id", "path", "label", "size", "mtime_ns")
-PROGRESS_PREFIX = ".pactl-progress-"
 MAX_SHARDS = 99_999  # shard names have five digits
 
 
@@ -54,21 +72,11 @@ def parse_shard(text: str) -> Shard:
     return Shard(index, count)
 
 
-MAX_DIMENSION = 65_536
-MAX_COUNT = 2**40
-
-
-def read_vectors(folder: Path) -> tuple[np.ndarray, dict[str, Any]]:
-    """The vectors (memory-mapped) and meta of an embed output folder's current generation."""
-    return read_current(folder, lambda gen: read_vectors_in(gen, folder))
-
-
-def read_embedded(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
+def read_embedded(folder: Path) -> Vectors:
     """Vectors (memory-mapped), ItemTable and meta of an embed output folder, all three from
-    one generation."""
-    from pactl.store.item_table import ItemTable
+    one generation (a sharded folder's shards are read by read_shards)."""
 
-    def read(gen: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
+    def read(gen: Path) -> Vectors:
         vectors, meta = read_vectors_in(gen, folder)
         items = ItemTable.read(gen / "items.csv")
         if len(items) != len(vectors):
@@ -76,9 +84,40 @@ def read_embedded(folder: Path) -> tuple[np.ndarray, Any, dict[str, Any]]:
                 f"{folder}: items.csv has {len(items):,} rows for {len(vectors):,} vectors: "
                 "run `pactl embed` again"
             )
-        return vectors, items, meta
+        return Vectors(vectors, items, meta)
 
     return read_current(folder, read)
+
+
+def read_shards(folder: Path) -> tuple[Parts, dict[str, Any]]:
+    """Per shard, in shard order, its memory-mapped vectors and ItemTable, and the set's meta
+    (count summed); a folder without shards/ is one part. Nothing is joined or copied."""
+    shards = sorted((folder / SHARDS_DIR).glob("*-of-*/meta.json"))
+    if not shards:
+        vectors, items, meta = read_embedded(folder)
+        return [(vectors, items)], meta
+    counts = {m.parent.name.split("-of-")[1] for m in shards}
+    if len(counts) != 1:
+        raise PactlError(
+            f"{folder}/shards mixes shards of {len(counts)} different splits "
+            f"({', '.join(sorted(counts))}): remove the set that is not wanted"
+        )
+    count = int(counts.pop())
+    found = {m.parent.name for m in shards}
+    missing = [i for i in range(count) if Shard(i, count).name not in found]
+    if missing:
+        shown = ", ".join(f"{i}/{count}" for i in missing[:8]) + (
+            " ..." if len(missing) > 8 else ""
+        )
+        raise PactlError(
+            f"{folder}/shards has {len(found)} of {count} shards; missing: {shown}. Finish them "
+            f"with `pactl embed ... --out {folder} --shard i/{count}`"
+        )
+    read = [read_embedded(m.parent) for m in shards]
+    if len({part.meta["fingerprint"] for part in read}) != 1:
+        raise PactlError(f"the shards in {folder}/shards were embedded with different models")
+    parts = [(part.vectors, part.items) for part in read]
+    return parts, {**read[0].meta, "count": sum(len(v) for v, _ in parts)}
 
 
 def read_vectors_in(gen: Path, folder: Path) -> tuple[np.ndarray, dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Writing the vectors folder that `pactl embed` makes and `pactl index` reads: vectors.npy,
-items.csv, skipped.csv and meta.json, progress commits for resuming (its format, shards and
-reading it back are pactl.embed.folder's)."""
+items.csv, skipped.csv and meta.json, progress commits for resuming (its format is
+pactl.store.vectors_folder's; its shards and reading it back pactl.embed.folder's)."""
 
 from __future__ import annotations
 
@@ -21,14 +21,7 @@ from pactl.checkpoint import Network
 from pactl.config import EmbedConfig, ModelConfig, to_dict
 from pactl.console import Reporter
 from pactl.embed import fastpath
-from pactl.embed.folder import (
-    ITEMS_COLUMNS,
-    PROGRESS_PREFIX,
-    VECTORS_FILES,
-    VECTORS_FORMAT,
-    VECTORS_VERSION,
-    read_vectors_in,
-)
+from pactl.embed.folder import read_vectors_in
 from pactl.embed.forward import Embedded, embed_files
 from pactl.errors import PactlError
 from pactl.store.csv_cells import write_rows
@@ -39,6 +32,13 @@ from pactl.store.generations import (
     new_generation,
     read_current,
     record_files,
+)
+from pactl.store.vectors_folder import (
+    ITEMS_COLUMNS,
+    PROGRESS_PREFIX,
+    VECTORS_FILES,
+    VECTORS_FORMAT,
+    VECTORS_VERSION,
 )
 from pactl.version import __version__
 

@@ -8,5 +8,7 @@
 - csv_cells.py: the one CSV writer, cells no spreadsheet runs;
 - home.py: $PACTL_HOME, where datasets and runs live;
 - item_table.py: the item table (id, path, label, size, mtime) of vectors folders, bundles and
-  Parquet.
+  Parquet;
+- vectors_folder.py: the vectors folder's format, spelled once (its name, version, files, widest
+  vector) and the Vectors record its readers return.
 """

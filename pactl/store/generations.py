@@ -31,6 +31,7 @@ from typing import IO, Any, TypeVar
 
 from pactl.errors import Busy, NoSpace, PactlError, ReadOnly
 from pactl.store.targets import refuse_special
+from pactl.store.vectors_folder import VECTORS_FORMAT
 
 CURRENT = ".pactl-current"  # the link naming the current generation
 GENERATION_PREFIX = ".pactl-gen-"
@@ -202,7 +203,7 @@ def _open_lock(folder: Path) -> int:
 
 KINDS = {
     "pactl.bundle": "an index bundle",
-    "pactl.vectors": "embedded vectors",
+    VECTORS_FORMAT: "embedded vectors",
     "pactl.parquet": "vectors in the Parquet layout",
 }
 
