@@ -19,6 +19,7 @@ from pactl.embed import embed_files
 
 if TYPE_CHECKING:
     from pactl.calibrate import Calibration
+    from pactl.embed.cache import RunCache
 
 
 def score_network(
@@ -32,6 +33,7 @@ def score_network(
     prepare: bool | None = None,
     keep: list[tuple[np.ndarray, np.ndarray]] | None = None,
     codes: bool = False,
+    cache: RunCache | None = None,
 ) -> dict[str, float]:
     """Recall@K, MAP@R, R-precision (and NMI) on the test split, or query vs gallery.
 
@@ -47,7 +49,7 @@ def score_network(
 
     def vectors(split: str) -> tuple[np.ndarray, np.ndarray]:
         part = manifest.select(split)
-        return split_vectors(net, part, split, model_cfg, cfg, device, reporter, prepare)
+        return split_vectors(net, part, split, model_cfg, cfg, device, reporter, prepare, cache)
 
     if manifest.eval_splits() == ("query", "gallery"):
         q, ql = vectors("query")
@@ -71,20 +73,29 @@ def split_vectors(
     device: torch.device,
     reporter: Reporter,
     prepare: bool | None = None,
+    cache: RunCache | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The vectors of a split's readable images and their labels."""
-    done = embed_files(
-        net,
-        part.files(),
-        model_cfg,
-        device,
-        reporter,
-        workers=cfg.workers,
-        amp=cfg.amp,
-        channels_last=cfg.channels_last,
-        prepare=prepare,
-        draft=False,
-    )
+    """The vectors of a split's readable images and their labels (`cache`: through the run's
+    embeddings of `net`, pactl.embed.cache)."""
+    if cache is not None:
+        from pactl.embed.cache import embed_cached
+
+        done = embed_cached(
+            cache, net, part.files(), device, reporter, cfg.workers, cfg.channels_last, prepare
+        )
+    else:
+        done = embed_files(
+            net,
+            part.files(),
+            model_cfg,
+            device,
+            reporter,
+            workers=cfg.workers,
+            amp=cfg.amp,
+            channels_last=cfg.channels_last,
+            prepare=prepare,
+            draft=False,
+        )
     if done.failed:
         reporter.log(f"evaluation skipped {len(done.failed)} unreadable {split} images")
     return done.vectors, part.labels[done.rows]

@@ -72,3 +72,35 @@ def embed_source_files(
         model, network, files, labels, ids, out_dir, device, reporter, config,
         scratch=scratch, replace_other=replace_other,
     )  # fmt: skip
+
+
+def embed_bundle_files(
+    files: list[Path],
+    labels: list[str],
+    model_from: ModelSource,
+    out_dir: Path,
+    config: EmbedConfig,
+    reporter: Reporter,
+) -> None:
+    """A bundle's own vectors folder `out_dir` (vectors of another network replaced): for a
+    checkpoint in a run folder, from the run's embeddings (pactl.embed.cache), which `eval` and
+    `plot` share, so images they embedded are not embedded again; else embed_source_files."""
+    from pactl.checkpoint import open_network
+    from pactl.embed.cache import embed_cached, in_run, run_cache, write_vectors
+    from pactl.runtime import resolve_device
+
+    if not in_run(model_from):
+        ids = np.arange(len(files), dtype=np.int64)
+        embed_source_files(
+            files, labels, ids, model_from, out_dir, config, reporter, replace_other=True
+        )
+        return
+    model, network = open_network(model_from)
+    cache = run_cache(model_from, network, config.amp)
+    assert cache is not None  # in_run
+    device = resolve_device(config.device)
+    model.to(device)
+    done = embed_cached(cache, model, files, device, reporter, config.workers)
+    if done.failed:
+        reporter.log(f"skipped {len(done.failed):,} unreadable images (listed in skipped.csv)")
+    write_vectors(out_dir, network, files, labels, done)

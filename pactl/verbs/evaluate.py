@@ -52,6 +52,7 @@ def eval_checkpoint(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
+    from pactl.embed.cache import run_cache
     from pactl.runtime import resolve_device
     from pactl.training.evaluation import score_network
 
@@ -63,7 +64,10 @@ def eval_checkpoint(
     device = resolve_device(device_name)
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
-    scores = score_network(model, evaluation, network.config, cfg, device, reporter, with_nmi=True)
+    cache = run_cache(model_from, network, cfg.amp)
+    scores = score_network(
+        model, evaluation, network.config, cfg, device, reporter, with_nmi=True, cache=cache
+    )
     return scores, network.config
 
 
@@ -83,6 +87,7 @@ def calibrate_source(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
+    from pactl.embed.cache import run_cache
     from pactl.runtime import resolve_device
     from pactl.training.evaluation import calibrate_checkpoint, split_vectors
 
@@ -93,11 +98,13 @@ def calibrate_source(
         raise PactlError(f"{source} has no test split to calibrate on")
     device = resolve_device(device_name)
     cfg = TrainConfig(workers=workers, precision=precision)
-    if isinstance(model_from, Path):
-        return calibrate_checkpoint(model_from, part, split, cfg, device, reporter)
     model, network = open_network(model_from)
     model.to(device)
-    vectors, labels = split_vectors(model, part, split, network.config, cfg, device, reporter)
+    cache = run_cache(model_from, network, cfg.amp)
+    embedded = split_vectors(model, part, split, network.config, cfg, device, reporter, None, cache)
+    if isinstance(model_from, Path):
+        return calibrate_checkpoint(model_from, part, split, cfg, device, reporter, embedded)
+    vectors, labels = embedded
     calibration = calibrate(vectors, labels, CalibrationConfig(precision=precision), split)
     reporter.log(f"{describe(calibration)} (not stored: no checkpoint)")
     return calibration
@@ -123,6 +130,7 @@ def eval_codes(
     from pactl.checkpoint import open_network
     from pactl.config import TrainConfig
     from pactl.datasets import load_source
+    from pactl.embed.cache import run_cache
     from pactl.index.binary.metrics import code_metrics
     from pactl.runtime import resolve_device
     from pactl.training.evaluation import mean_pairwise_cosine, split_vectors
@@ -135,8 +143,11 @@ def eval_codes(
     device = resolve_device(device_name)
     model.to(device)
     cfg = TrainConfig(eval_ks=ks, workers=workers)
+    cache = run_cache(model_from, network, cfg.amp)
     embedded = [
-        split_vectors(model, manifest.select(s), s, network.config, cfg, device, reporter)
+        split_vectors(
+            model, manifest.select(s), s, network.config, cfg, device, reporter, None, cache
+        )
         for s in dict.fromkeys(splits[-1:] if splits != ("query", "gallery") else splits)
     ]
     (q, q_labels), (g, g_labels) = embedded[0], embedded[-1]
