@@ -347,16 +347,7 @@ def declarations(name: str, literal: str | None) -> list[str]:
     ("name", "literal", "home"),
     [
         ("MAX_DIMENSION", None, "rules.py"),
-        pytest.param(
-            "VECTORS_FORMAT",
-            "pactl.vectors",
-            "store/vectors_folder.py",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="pactl/index/bundle.py declares VECTORS_FORMAT a second time: it is to "
-                "import pactl.store.vectors_folder's (then this mark goes)",
-            ),
-        ),
+        ("VECTORS_FORMAT", "pactl.vectors", "store/vectors_folder.py"),
     ],
 )
 def test_the_vectors_folder_format_is_declared_once(

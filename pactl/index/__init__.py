@@ -44,7 +44,6 @@ from pactl.index.bundle import (
     ITEMS_FILE,
     META_FILE,
     REMOVED_FILE,
-    VECTORS_FORMAT,
     Bundle,
     save_bundle,
     write_bundle,
@@ -65,6 +64,7 @@ from pactl.index.tune import ann_recall, tune_search
 from pactl.index.upkeep import add_to_bundle, compact_bundle, delete_items
 from pactl.index.verify import UNSEALED, verify_bundle
 from pactl.store.item_table import ITEMS_HEADER, ItemTable
+from pactl.store.vectors_folder import VECTORS_FORMAT
 
 __all__ = [
     "BUNDLE_FILES",

@@ -39,7 +39,6 @@ BUNDLE_VERSION = 3  # 2: may hold deleted.npy; 3: binary codes (index.faiss a FA
 TOMBSTONES_VERSION = 2  # a pactl that reads only version 1 would return deleted items: refused
 # a pactl that reads versions 1 and 2 would take a binary index.faiss for a damaged one: refused
 BINARY_VERSION = 3
-VECTORS_FORMAT = "pactl.vectors"
 INDEX_FILE, ITEMS_FILE, META_FILE = "index.faiss", "items.csv", "meta.json"
 DELETED_FILE = "deleted.npy"  # int64 ids of deleted items (tombstones), sorted; absent when none
 # items compacted away (the items.bin format): a rebuild or an --add leaves them out still

@@ -28,7 +28,6 @@ from pactl.index.bundle import (
     MAX_SEARCH_SETTING,
     META_FILE,
     REMOVED_FILE,
-    VECTORS_FORMAT,
     Bundle,
     ondisk_lists,
 )
@@ -45,6 +44,7 @@ from pactl.store.generations import (
     read_current,
 )
 from pactl.store.item_table import TABLE_FILE, ItemTable
+from pactl.store.vectors_folder import VECTORS_FORMAT
 from pactl.version import __version__
 
 
