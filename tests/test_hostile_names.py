@@ -68,3 +68,36 @@ def test_train_audit_and_embed_read_every_allowed_byte(
     assert code == 0, err
     assert f"{len(paths)} items" in err, err
     assert "not found" not in err and "leaves" not in err, err
+
+
+def test_audits_manifest_of_every_allowed_byte_is_read_back_as_train_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--write-manifest writes a name that is not UTF-8 as its bytes; the manifest reader
+    (train's, through load_source) reads those rows back, each naming its file, while a byte
+    that is not UTF-8 in a row naming no such file is still the "not UTF-8 text" line."""
+    from pactl.console import QUIET
+    from pactl.datasets import load_source
+    from pactl.errors import PactlError
+
+    paths = hostile_folder(tmp_path / "imgs")
+    tiny_checkpoint(tmp_path / "best.pt")
+    embed = ["embed", "imgs", "--checkpoint", str(tmp_path / "best.pt"), "--out", "v", "-q"]
+    assert run_cli(embed, monkeypatch, capsys)[0] == 0
+    assert run_cli(["index", "v", "--out", "b", "-q"], monkeypatch, capsys)[0] == 0
+    args = ["audit", "b", "--source", "imgs", "--no-copies", "--drop-top", "1", "-f", "jsonl"]
+    code, _, err = run_cli([*args, "--write-manifest", "clean.csv", "-q"], monkeypatch, capsys)
+    assert code == 0, err
+    assert b"\xff\xfe/" in (tmp_path / "clean.csv").read_bytes()  # the bytes as they are
+    manifest = load_source(str(tmp_path / "clean.csv"), QUIET)
+    assert len(manifest) == len(paths) - 1 and set(manifest.paths) < set(paths)
+    assert os.fsdecode(b"\xff\xfe") in manifest.class_names
+    assert all(os.path.isfile(f) for f in manifest.files())
+    text = (tmp_path / "clean.csv").read_bytes()
+    gone = text.replace(b"\xff\xfe/", b"\xff\xfd/", 1)  # a name no file has
+    (tmp_path / "gone.csv").write_bytes(gone)
+    offset = gone.index(b"\xff\xfd/")  # the row's first byte that is not UTF-8
+    line = gone.count(b"\n", 0, offset) + 1
+    message = f"gone.csv is not UTF-8 text: byte 0xff at offset {offset:,} \\(line {line}\\)"
+    with pytest.raises(PactlError, match=message):
+        load_source(str(tmp_path / "gone.csv"), QUIET)

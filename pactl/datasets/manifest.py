@@ -17,6 +17,7 @@ import csv
 import hashlib
 import io
 import os
+import re
 import stat
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,10 +29,11 @@ from pactl.console import QUIET, Reporter
 from pactl.errors import PactlError
 from pactl.store.csv_cells import csv_text, unescape_cell
 from pactl.store.generations import atomic_write_text
-from pactl.store.home import pactl_home
+from pactl.store.home import NAME_ENCODING, NAME_ERRORS, pactl_home
 from pactl.store.regular_files import KINDS
 
 SPLITS = ("train", "val", "test", "query", "gallery")
+ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, read by surrogateescape
 IMAGE_EXTENSIONS = (
     *(".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"),
     *(".heic", ".heif", ".avif"),  # HEIC/HEIF with the `heif` extra (pactl.images.heif_support)
@@ -97,15 +99,21 @@ def read_manifest(path: Path, *, follow_links: bool = False, splits: bool = True
     written, wherever it points. A manifest kept in pactl's home is pactl's own, links
     included: a dataset prepared with `--from FOLDER` links it in.
     """
-    text = _read_utf8(path)
+    data, start = _read_bytes(path)
+    text = data[start:].decode(NAME_ENCODING, NAME_ERRORS)  # names as write_manifest wrote them
+    lines = list(io.StringIO(text, newline=""))  # as the reader takes them
     try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
+        reader = csv.DictReader(iter(lines))
         fields = [c.strip() for c in reader.fieldnames or []]
-        records = [
-            {k.strip(): unescape_cell((v or "").strip()) for k, v in r.items() if k} for r in reader
-        ]
+        ends = [reader.line_num]  # where the header's lines, then each row's, end
+        records = []
+        for r in reader:
+            records.append({k.strip(): unescape_cell((v or "").strip()) for k, v in r.items() if k})
+            ends.append(reader.line_num)
     except csv.Error as e:
         raise PactlError(f"cannot read {path}: {e}") from None
+    if ESCAPED_BYTE.search(text):
+        _check_names(path, data[:start], lines, records, ends)
     missing = [c for c in ("path", "label") if c not in fields]
     if missing:
         raise PactlError(
@@ -119,24 +127,45 @@ def read_manifest(path: Path, *, follow_links: bool = False, splits: bool = True
     return _build(path.parent, records, source=str(path), check_links=checks, splits_needed=splits)
 
 
-def _read_utf8(path: Path) -> str:
-    """The file as text: UTF-8, with or without the byte-order mark spreadsheets write first."""
+def _read_bytes(path: Path) -> tuple[bytes, int]:
+    """The file's bytes and where its text starts (after the byte-order mark spreadsheets
+    write first, if there)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise PactlError(f"cannot read {path}: not a regular file")
         data = path.read_bytes()
     except OSError as e:
         raise PactlError(f"cannot read {path}: {e.strerror or e}") from None
-    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return data[start:].decode("utf-8")
-    except UnicodeDecodeError as e:
-        offset = start + e.start
-        line = data.count(b"\n", 0, offset) + 1
+    return data, len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+
+
+def _check_names(
+    path: Path, bom: bytes, lines: list[str], records: list[dict[str, str]], ends: list[int]
+) -> None:
+    """A manifest is UTF-8 text, but a name Linux allows may hold bytes that are not UTF-8,
+    and write_manifest writes those as they are (a folder's file or class name). They are
+    read back in a row whose path holds such bytes and names a file that is there (its label
+    too: the class folder's name); any other byte that is not UTF-8 (a spreadsheet's Latin-1
+    saved as CSV, a header) is the one line saying so, at that row's first such byte."""
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    first = 0
+    for record, last in zip([{}, *records], ends, strict=True):  # the header first
+        found = ESCAPED_BYTE.search("".join(lines[first:last]))
+        at, first = starts[first], last
+        name = record.get("path", "")
+        if found is None or (
+            ESCAPED_BYTE.search(name) and os.path.lexists(os.path.join(path.parent, name))
+        ):
+            continue
+        head = bom + "".join(lines)[: at + found.start()].encode(NAME_ENCODING, NAME_ERRORS)
+        byte = ord(found.group()) - 0xDC00  # surrogateescape reads byte 0xNN as U+DCNN
+        line = head.count(b"\n") + 1
         raise PactlError(
-            f"{path} is not UTF-8 text: byte 0x{data[offset]:02x} at offset {offset:,} "
+            f"{path} is not UTF-8 text: byte 0x{byte:02x} at offset {len(head):,} "
             f"(line {line}); save it as UTF-8"
-        ) from None
+        )
 
 
 def _build(
