@@ -161,10 +161,10 @@ def _check_names(
             continue
         head = bom + "".join(lines)[: at + found.start()].encode(NAME_ENCODING, NAME_ERRORS)
         byte = ord(found.group()) - 0xDC00  # surrogateescape reads byte 0xNN as U+DCNN
-        line = head.count(b"\n") + 1
+        number = head.count(b"\n") + 1
         raise PactlError(
             f"{path} is not UTF-8 text: byte 0x{byte:02x} at offset {len(head):,} "
-            f"(line {line}); save it as UTF-8"
+            f"(line {number}); save it as UTF-8"
         )
 
 
