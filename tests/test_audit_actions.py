@@ -167,7 +167,7 @@ def test_label_studio_tasks_and_fiftyone_csv_carry_the_suggestion(
 
 
 def test_the_noise_estimate_is_zero_on_a_clean_set_of_pure_clusters() -> None:
-    from pactl.audit.noise import estimate_noise
+    from pactl.audit.noise_rate import estimate_noise
 
     labels = np.repeat(np.arange(3), 4)
     nn = np.array([[c] * 3 for c in labels])

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pactl.audit import decisions
-from pactl.audit.noise import NoiseEstimate, estimate_noise
+from pactl.audit.noise_rate import NoiseEstimate, estimate_noise
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
 from pactl.verbs.audit import AuditResult, Finding, chosen_rows
@@ -46,7 +46,7 @@ def audit_fingerprint(result: AuditResult) -> str:
 
 
 def noise_estimate(result: AuditResult) -> NoiseEstimate:
-    """The noise rate per label and overall (pactl.audit.noise) from the audit's neighbours."""
+    """The noise rate per label and overall (pactl.audit.noise_rate) from the audit's neighbours."""
     data = result.data
     labels = np.where(result.found >= 0, data.codes[np.maximum(result.found, 0)], -1)
     return estimate_noise(labels, data.codes, len(data.names))

@@ -1,4 +1,4 @@
-"""The noise rate estimated from a set itself (pactl.audit.noise): planted symmetric flips in
+"""The noise rate estimated from a set itself (pactl.audit.noise_rate): planted symmetric flips in
 clustered vectors, their neighbours found by brute force, are estimated within NOISE_TOLERANCE
 overall and per label; noise planted in one label is found there."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pactl.audit.noise import NOISE_TOLERANCE, estimate_noise
+from pactl.audit.noise_rate import NOISE_TOLERANCE, estimate_noise
 
 CLASSES, PER = 10, 80
 

@@ -16,7 +16,7 @@ its row off the diagonal; the overall rate is their mean weighted by the labels'
 The thresholds make the count fair under noise: at symmetric noise r a correctly labelled item's
 share of its class and a flipped item's share of its true class are drawn alike (about 1 - r
 of their neighbours), and the threshold (about (1 - r)^2 + r^2 / (C - 1)) sits below both.
-tests/test_audit_noise.py plants 0, 10 and 30% symmetric flips in clustered vectors and holds
+tests/test_noise_rate.py plants 0, 10 and 30% symmetric flips in clustered vectors and holds
 the estimate to within NOISE_TOLERANCE of the planted rate.
 """
 
