@@ -15,7 +15,7 @@ import numpy as np
 from pactl.config import EmbedConfig, IndexConfig
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError
-from pactl.verbs.embed import embed_source_files
+from pactl.verbs.embed import embed_bundle_files
 from pactl.verbs.lineage import calibration_to_copy
 from pactl.verbs.sources import source_items
 from pactl.verbs.vector_sources import read_parts
@@ -50,10 +50,7 @@ def index_vectors(
         BUNDLE_FILES,
         BUNDLE_FORMAT,
         ItemTable,
-        build_ondisk_index,
-        build_parts,
         rebuild_facts,
-        wants_on_disk,
         write_bundle,
     )
     from pactl.index.binary.build import build_binary
@@ -254,11 +251,8 @@ def index_images(
         except PactlError:
             live = set()  # damaged: index_vectors says so, and rebuilds it
         check_nothing_dropped(bundle, live, {os.path.abspath(f) for f in files}, source)
-    ids = np.arange(len(files), dtype=np.int64)
     # the bundle's own vectors: rebuilt with it, whatever network made the old ones
-    embed_source_files(
-        files, labels, ids, model_from, vectors_dir, embedding, reporter, replace_other=True
-    )
+    embed_bundle_files(files, labels, model_from, vectors_dir, embedding, reporter)
     return index_vectors(vectors_dir, bundle, config, reporter, overwrite=True)
 
 
