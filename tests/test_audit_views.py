@@ -105,6 +105,8 @@ def test_classes_file_and_its_overwrite_rule(
     code, _, err = run_cli([*args, "-f", "csv"], monkeypatch, capsys)
     assert code == 1 and "pass --overwrite" in one_error(err)
     assert run_cli([*args, "-f", "csv", "--overwrite"], monkeypatch, capsys)[0] == 0
+    code, _, err = run_cli(["audit", "b", "--no-labels"], monkeypatch, capsys)
+    assert code == 2 and "--no-labels audits a FOLDER" in one_error(err)
 
 
 def unlabelled_folder(folder: Path) -> dict[str, str]:

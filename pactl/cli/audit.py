@@ -277,7 +277,10 @@ def audit(
     )
     chosen = fmt.value if fmt else ("table" if out.is_terminal else "csv")
     writer = FindingWriter(out, sys.stdout, chosen, False, False, log)
-    if no_labels or not any((target / n).is_file() for n in ("config.json", "meta.json")):
+    labelled = any((target / n).is_file() for n in ("config.json", "meta.json"))
+    if no_labels and labelled:
+        raise UsageError(f"--no-labels audits a FOLDER of images; {target} is a run or a bundle")
+    if not labelled:
         given = (sheet, write_manifest, classes, findings_file, labelstudio, fiftyone)
         needs = [o for o, v in zip(LABELLED_OUTPUTS, given, strict=True) if v is not None]
         without_labels(target, config, (no_labels, top, needs), writer)
