@@ -148,3 +148,27 @@ def test_the_sheet_writes_each_suspects_evidence_across_its_tile(tmp_path: Path)
     assert len(changed) and plain.shape == noted.shape
     assert changed[:, 0].min() >= 5 and changed[:, 0].max() <= 5 + 13  # a band atop the tile
     assert changed[:, 1].max() < 5 + 96  # inside the suspect's tile
+
+
+def test_without_labels_the_picture_unlike_the_others_is_the_first_outlier(
+    tmp_path: Path,
+) -> None:
+    """20 takes of one scene (each with its own grain and a shift of a few pixels) and one
+    other picture: the other ranks first by its thumbnail's distance to its nearest."""
+    from PIL import Image
+
+    from pactl.console import QUIET
+    from pactl.verbs.audit import AuditConfig
+    from pactl.verbs.audit_folder import audit_folder
+
+    rng = np.random.default_rng(2)
+    scene = np.asarray(photo(rng, (140, 110)), dtype=np.float64)
+    (tmp_path / "p").mkdir()
+    for i in range(20):
+        x, y = rng.integers(0, 20, size=2)
+        take = scene[y : y + 90, x : x + 120] + rng.normal(0, 8, (90, 120, 3))
+        Image.fromarray(np.clip(take, 0, 255).astype(np.uint8)).save(tmp_path / "p" / f"{i}.png")
+    photo(rng).save(tmp_path / "p" / "other.png")
+    result = audit_folder(tmp_path / "p", AuditConfig(copies=False), False, QUIET)
+    first = int(np.nanargmax(result.outlier))
+    assert Path(result.data.paths[first]).name == "other.png"

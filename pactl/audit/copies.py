@@ -115,15 +115,12 @@ class Candidates:
 @dataclass(frozen=True)
 class Proposals:
     """Every audited row's whole-image descriptor (unit rows, zero where unread), the bases the
-    boxes are cut from (None above CROP_ITEMS rows), the candidate pairs, and each row's mean
-    descriptor cosine to its k nearest other rows (NaN where unread or blank: an outlier's is
-    low)."""
+    boxes are cut from (None above CROP_ITEMS rows) and the candidate pairs."""
 
     describe: Any  # pactl.audit.thumbnails.Whitening: thumbnails -> descriptors
     descriptors: np.ndarray
     bases: np.ndarray | None
     candidates: Candidates
-    nearest: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -287,14 +284,12 @@ def propose(
     blank = ~np.any(descriptors != 0, axis=1) | ~read  # unread or uniform: matches nothing
     nearest = cosine_index(descriptors)
     found: list[Found] = []
-    closeness = np.full(len(data), np.nan, dtype=np.float32)
     for start in range(0, len(data), batch_size):
         rows = np.arange(start, min(start + batch_size, len(data)))
         sims, hits = nearest(descriptors[rows], k + 1)
         found.append(
             (hits, np.broadcast_to(rows[:, None], hits.shape), sims, np.zeros(hits.shape, np.int16))
         )
-        closeness[rows] = mean_nearest(rows, hits, sims, blank, k)
     if bases is not None:
         boxes = np.arange(1, len(BOXES))
         with reporter.bar("looking in crop boxes", total=len(data)) as advance:
@@ -316,8 +311,7 @@ def propose(
                     )
                 )
                 advance(len(rows))
-    closeness[blank] = np.nan
-    return Proposals(describe, descriptors, bases, likeliest(found, blank, k), closeness)
+    return Proposals(describe, descriptors, bases, likeliest(found, blank, k))
 
 
 def mean_nearest(

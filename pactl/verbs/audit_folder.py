@@ -7,7 +7,7 @@ The copy search treats the set as one split under one label and reports every pa
 (kind copy); its threshold is the likeness the copies it makes of the set's own images reach
 (pactl.audit.copies: without splits or labels no pair is known to be distinct, so the share of
 false pairs cannot be estimated and stderr says so). Outliers are the images whose thumbnail
-descriptors lie farthest from their k nearest: 1 - the mean cosine to them.
+thumbnails lie farthest from their k nearest: 1 - the mean cosine to them.
 """
 
 from __future__ import annotations
@@ -78,21 +78,46 @@ def audit_folder(folder: Path, config: AuditConfig, no_labels: bool, reporter: R
 
     data = read_folder(folder, no_labels, reporter)
     reporter.log(f"auditing {counted(len(data), 'image')} of {folder}; {NEEDS_LABELS}")
-    pictures = read_images(data.paths, replace(config, copies=True), reporter)
+    pictures = read_images(data.paths, replace(config, checks=True), reporter)  # outliers too
     checks = image_checks(pictures, reporter) if config.checks else None
     k, workers = max(config.neighbours, CANDIDATES), worker_count(config)
-    proposals = propose(data, k, config.batch_size, reporter, workers, pictures)
-    del pictures
-    if proposals is None:
-        reporter.log("copies and outliers: not looked for (fewer than 2 images can be read)")
-        return FolderResult(data, np.full(len(data), np.nan), [], None, checks)
+    outlier = outliers(pictures.thumbs, pictures.read, k, config.batch_size)
     copies: list[Copy] = []
     threshold = None
-    if config.copies:
+    proposals = propose(data, k, config.batch_size, reporter, workers, pictures) if (
+        config.copies
+    ) else None  # fmt: skip
+    del pictures
+    if proposals is not None:
         given = config.copy_threshold
         copies, threshold = accepted_copies(data, proposals, given, reporter, workers, every=True)
         reporter.log(f"copies: {threshold.how}")
-    return FolderResult(data, 1.0 - proposals.nearest, copies, threshold, checks)
+    elif config.copies:
+        reporter.log("copies: not looked for (fewer than 2 images can be read)")
+    return FolderResult(data, outlier, copies, threshold, checks)
+
+
+def outliers(thumbs: np.ndarray, read: np.ndarray, k: int, batch_size: int) -> np.ndarray:
+    """(N,) 1 - each image's mean cosine to its k nearest by the thumbnail (grey cells less
+    their mean, not whitened: whitening scales the axis an odd picture spreads along down to the
+    others'); NaN where unread or uniform."""
+    from pactl.audit.copies import mean_nearest
+    from pactl.index.exact import cosine_index
+
+    x = thumbs.astype(np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    blank = ~read | (norms[:, 0] < 1e-6)
+    x = np.where(blank[:, None], 0, x / np.maximum(norms, 1e-12)).astype(np.float32)
+    far = np.full(len(x), np.nan, dtype=np.float32)
+    if (~blank).sum() < 2:
+        return far
+    nearest = cosine_index(x)
+    for start in range(0, len(x), batch_size):
+        rows = np.arange(start, min(start + batch_size, len(x)))
+        sims, hits = nearest(x[rows], min(k + 1, len(x)))
+        far[rows] = 1.0 - mean_nearest(rows, hits, sims, blank, k)
+    far[blank] = np.nan
+    return far
 
 
 def folder_findings(result: FolderResult, top: int) -> list[list[Finding]]:
