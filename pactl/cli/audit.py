@@ -257,8 +257,8 @@ def audit(
         labelstudio_prefix,
     )  # fmt: skip
     dropping = any(x is not None for x in (drop, drop_above, drop_top, relabel, keep_copies))
-    check_actions(asked, False, [p for p in (drop, relabel) if p is not None])
-    inputs = audit_inputs(target, source, drop)
+    inputs = audit_inputs(target, source, drop) + ([relabel] if relabel else [])
+    check_actions(asked, overwrite, inputs)
     checks(sheet, write_manifest, dropping, overwrite, inputs)
     if classes is not None:
         check_output(classes, "--classes", folder=False)

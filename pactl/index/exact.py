@@ -50,9 +50,7 @@ def merge_neighbours(
     return exclude_by_id(scores, ids, own, k)[1]
 
 
-def _top(
-    scores: list[np.ndarray], ids: list[np.ndarray], k: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _top(scores: list[np.ndarray], ids: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
     all_scores, all_ids = np.concatenate(scores, axis=1), np.concatenate(ids, axis=1)
     best = np.argsort(-all_scores, axis=1, kind="stable")[:, :k]  # (nq, <= k)
     return np.take_along_axis(all_scores, best, axis=1), np.take_along_axis(all_ids, best, axis=1)
