@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, make_class_folder, run_cli
+from conftest import TINY, make_class_folder, one_error, run_cli
 from PIL import Image
 
 from pactl.research.plot import PlotConfig, Sample, retrieval_rows, tsne_figure, tsne_points
@@ -74,3 +74,18 @@ def test_plot_command_writes_both_pictures(
         assert (run / "plots" / name).stat().st_size > 0
     with Image.open(run / "plots" / "retrieval.png") as image:
         assert image.size == (5 * CELL, 3 * (CELL + CAPTION))  # 3 queries, each with 4 hits
+    # plotted again: the pictures are kept, in one line before any embedding, unless asked
+    drawn = (run / "plots" / "tsne.png").read_bytes()
+    (run / "plots" / "retrieval.png").write_bytes(b"kept")
+    again = ["plot", str(run), "--points", "20", "--thumbnails", "4", "--queries", "3", "-q"]
+    code, out, err = run_cli(again, monkeypatch, capsys)
+    assert code == 1 and out == "" and "tsne.png exists; pass --overwrite" in one_error(err)
+    assert (run / "plots" / "retrieval.png").read_bytes() == b"kept"
+    assert (run / "plots" / "tsne.png").read_bytes() == drawn
+    code, _, err = run_cli([*again, "--overwrite"], monkeypatch, capsys)
+    assert code == 0, err
+    assert (run / "plots" / "retrieval.png").read_bytes() != b"kept"
+    (run / "plots" / "tsne.png").unlink()
+    (run / "plots" / "tsne.png").symlink_to(run / "best.pt")
+    code, _, err = run_cli([*again, "--overwrite"], monkeypatch, capsys)
+    assert code == 1 and "tsne.png is a symbolic link" in one_error(err)

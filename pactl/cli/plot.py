@@ -7,9 +7,20 @@ from typing import Annotated
 
 import typer
 
-from pactl.cli.options import Device, Quiet, Workers, check_option, check_output, reporter
+from pactl.cli.options import (
+    Device,
+    Quiet,
+    Workers,
+    check_new_file,
+    check_option,
+    check_output,
+    reporter,
+)
 from pactl.config import rules
 from pactl.console import err, literal
+
+PICTURES = ("tsne.png", "retrieval.png")  # what plot_run writes into the folder
+READS = ("best.pt", "config.json")  # what it reads of the run: never an output
 
 
 def plot(
@@ -28,23 +39,30 @@ def plot(
     seed: Annotated[int, typer.Option(min=0, help="Seeds the sample, queries and t-SNE.")] = 0,
     device: Device = "auto",
     workers: Workers = 0,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace tsne.png and retrieval.png if there.")
+    ] = False,
     quiet: Quiet = False,
 ) -> None:
     """tsne.png: a sample of the run's test embeddings (its best.pt) in 2-D by t-SNE, coloured
     by class, with thumbnails of some images; retrieval.png: queries from the sample with their
     top 4 among it (the query left out), framed green when of its class and red when not.
+    Pictures already in the folder are replaced only with --overwrite.
 
     Examples:
 
     \b
       pactl plot runs/digits-small-proxy_anchor-20260101-120000
       pactl plot runs/cub --out figures/ --points 3000
+      pactl plot runs/cub --overwrite     # draw RUN/plots again
     """
     from pactl.research.plot import PlotConfig, plot_run
 
     check_option("--device", device, rules(PlotConfig)["device"])
     folder = out or run / "plots"
     check_output(folder, "--out", folder=True)
+    for name in PICTURES:
+        check_new_file(folder / name, overwrite, "--out", [run / n for n in READS])
     config = PlotConfig(
         points=points,
         thumbnails=thumbnails,
