@@ -19,9 +19,6 @@ from pactl.cli.options import (
 from pactl.config import rules
 from pactl.console import err, literal
 
-PICTURES = ("tsne.png", "retrieval.png")  # what plot_run writes into the folder
-READS = ("best.pt", "config.json")  # what it reads of the run: never an output
-
 
 def plot(
     run: Annotated[
@@ -56,7 +53,7 @@ def plot(
       pactl plot runs/cub --out figures/ --points 3000
       pactl plot runs/cub --overwrite     # draw RUN/plots again
     """
-    from pactl.research.plot import PlotConfig, plot_run
+    from pactl.research.plot import PICTURES, READS, PlotConfig, plot_run
 
     check_option("--device", device, rules(PlotConfig)["device"])
     folder = out or run / "plots"

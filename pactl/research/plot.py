@@ -51,10 +51,11 @@ class Sample:
 
 def sample_test(run: Path, config: PlotConfig, reporter: Reporter) -> Sample:
     """Up to config.points images of the run's test split (a seeded sample), embedded by
-    its best.pt."""
-    from pactl.checkpoint import load_model
+    its best.pt (through the run's embeddings, pactl.embed.cache)."""
+    from pactl.checkpoint import open_network
     from pactl.datasets import load_source
     from pactl.embed import embed_files
+    from pactl.embed.cache import embed_cached, run_cache
     from pactl.runtime import resolve_device
 
     try:
@@ -70,12 +71,17 @@ def sample_test(run: Path, config: PlotConfig, reporter: Reporter) -> Sample:
     rng = np.random.default_rng(config.seed)
     rows = np.sort(rng.permutation(len(test))[: config.points])
     part = test.subset(rows.tolist())
-    model, model_cfg, _ = load_model(run / "best.pt")
+    model, network = open_network(run / "best.pt")
     device = resolve_device(config.device)
     model.to(device)
-    done = embed_files(
-        model, part.files(), model_cfg, device, reporter, workers=config.workers, draft=False
-    )
+    cache = run_cache(run / "best.pt", network)  # the run's embeddings: eval's and index's too
+    if cache is None:
+        done = embed_files(
+            model, part.files(), network.config, device, reporter, workers=config.workers,
+            draft=False,
+        )  # fmt: skip
+    else:
+        done = embed_cached(cache, model, part.files(), device, reporter, config.workers)
     paths = [str(part.files()[i]) for i in done.rows]
     labels = [part.class_names[i] for i in done.rows]
     return Sample(paths, labels, np.asarray(done.vectors, dtype=np.float32))
@@ -176,6 +182,10 @@ def retrieval_rows(sample: Sample, queries: list[int], k: int) -> Rows:
     return rows
 
 
+PICTURES = ("tsne.png", "retrieval.png")  # what plot_run writes into its folder
+READS = ("best.pt", "config.json")  # what it reads of the run: never an output
+
+
 @dataclass(frozen=True)
 class PlotResult:
     written: tuple[Path, ...]
@@ -192,8 +202,9 @@ def plot_run(run: Path, out: Path, config: PlotConfig, reporter: Reporter) -> Pl
     sample = sample_test(run, config, reporter)
     with reporter.bar(f"t-SNE of {len(sample.vectors)} test embeddings", total=None):
         points = tsne_points(sample.vectors, config)
-    save_figure(tsne_figure(sample, points, config), out / "tsne.png")
+    tsne, retrieval = (out / name for name in PICTURES)
+    save_figure(tsne_figure(sample, points, config), tsne)
     rng = np.random.default_rng(config.seed + 2)
     queries = rng.permutation(len(sample.paths))[: config.queries].tolist()
-    retrieval_grid(retrieval_rows(sample, queries, config.k), out / "retrieval.png")
-    return PlotResult((out / "tsne.png", out / "retrieval.png"), len(sample.paths))
+    retrieval_grid(retrieval_rows(sample, queries, config.k), retrieval)
+    return PlotResult((tsne, retrieval), len(sample.paths))
