@@ -86,6 +86,7 @@ def _searcher(folder: Path, reporter: Reporter) -> tuple[Any, Any, dict[str, Any
 
     if _is_bundle(folder):
         from pactl.index import load_bundle
+
         bundle = load_bundle(folder, mmap=False)
         live = ~bundle.is_deleted(bundle.items.ids)
         if getattr(bundle.index, "floats", None) is not None:  # exact, as a folder's
