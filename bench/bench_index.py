@@ -33,8 +33,9 @@ from bench import harness
 from bench.data import CHUNK, Mixture
 from pactl.config import IndexConfig
 from pactl.console import Reporter
-from pactl.index import build_index, load_bundle, save_bundle
+from pactl.index import load_bundle
 from pactl.index.search import search
+from pactl.verbs.index import index_vectors
 
 K = 10
 
@@ -62,6 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = data_parser(__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3, help="timed passes; the fastest counts")
     p.add_argument("--workdir", type=Path, default=None, help="where the bundle is written")
+    p.add_argument("--factory", default=None, help="a FAISS factory (default: pactl's choice)")
+    p.add_argument(
+        "--memory-budget", type=float, default=8.0, help="GB the default index must fit in"
+    )
+    p.add_argument(
+        "--rescore", type=int, default=None, help="candidates per hit rescored (default: tuned)"
+    )
     return parsed(p, argv)
 
 
@@ -115,6 +123,23 @@ def _single_query_ms(
     return 1e3 * (time.perf_counter() - start) / min(count, len(queries))
 
 
+def vectors_folder(folder: Path, base: np.ndarray) -> None:
+    """`base` as a vectors folder (vectors.npy, items.csv, meta.json), as `pactl embed` writes
+    one, for `pactl index` to read."""
+    import json
+
+    from pactl.embed import VECTORS_FORMAT
+
+    folder.mkdir(parents=True)
+    np.save(folder / "vectors.npy", base)
+    rows = "".join(f"{i},item/{i}.jpg,,0,0\n" for i in range(len(base)))
+    (folder / "items.csv").write_text("id,path,label,size,mtime_ns\n" + rows)
+    meta = {"format": VECTORS_FORMAT, "version": 1, "dimension": int(base.shape[1])}
+    meta.update(count=len(base), metric="ip", checkpoint="none.pt", fingerprint="0" * 64)
+    meta["model_config"] = {}
+    (folder / "meta.json").write_text(json.dumps(meta))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log = Reporter()
@@ -129,18 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     got["exact_s"], truth, got["exact_single"] = exact_search(base, queries, args.repeats, log)
     got["in_class"] = float(np.mean(base_class[truth] == query_class[:, None]))
 
-    reset_peak()
-    got["rss_before"] = rss_gib()
-    t0 = time.perf_counter()
-    index, record = build_index(base, IndexConfig(), log, seed=args.seed)
-    got["build_s"] = time.perf_counter() - t0
-    got["peak_build"] = rss_gib("VmHWM")
-
+    config = IndexConfig(
+        factory=args.factory, memory_budget_gb=args.memory_budget, rescore=args.rescore
+    )
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         out = Path(tmp) / "bundle"
-        save_bundle(out, index, [(i, f"item/{i}.jpg", "") for i in range(args.n)], record)
+        vectors_folder(Path(tmp) / "vectors", base)
+        reset_peak()
+        got["rss_before"] = rss_gib()
+        t0 = time.perf_counter()  # as `pactl index VECTORS` builds it: floats kept where lossy
+        _, record = index_vectors(Path(tmp) / "vectors", out, config, log)
+        got["build_s"] = time.perf_counter() - t0
+        got["peak_build"] = rss_gib("VmHWM")
         got["index_bytes"] = (out / "index.faiss").stat().st_size
-        del index  # search below goes through the bundle, as `pactl query` does
         bundle = load_bundle(out, mmap=True)
         got["approx_s"], (_, found) = fastest(args.repeats, lambda: search(bundle, queries, K))
         got["approx_single"] = _single_query_ms(lambda q: search(bundle, q, K), queries)
@@ -159,7 +185,12 @@ def report(args: argparse.Namespace, record: dict[str, Any], got: dict[str, Any]
         f"data            {args.n:,} x {args.dim} clustered unit vectors (seed {args.seed}), "
         f"{nq:,} fresh queries; {got['in_class']:.1%} of true top-10 in the query's class",
         f"threads         {faiss.omp_get_max_threads()}",
-        f"default index   {record['factory']}  ({record['search_params']})",
+        f"default index   {record['factory']}  ({record['search_params']}"
+        + (f", rescore={record['rescore']}" if record.get("rescore") else "")
+        + ")",
+        f"tuning          target {record['target_recall']}, reached: "
+        f"{record['target_reached']}, limited by: {record.get('limited_by')}; "
+        f"{len(record.get('operating_points') or [])} operating points measured",
         f"build           {got['build_s']:.1f} s: train on {record['train_points']:,} points, "
         f"add, tune on {record['tuning_queries']:,} held-out points",
         f"memory          {got['rss_data']:.2f} GiB RSS holding the data; peak "
