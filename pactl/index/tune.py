@@ -311,8 +311,9 @@ def shortfall_words(choice: Choice, target: float, budget_ms: float) -> str:
         f" (the lists probed hold {cover:.4f} of the true neighbours)" if cover is not None else ""
     )
     return (
-        f"{head}: limited by the codes{held}; a --factory with exact codes (e.g. ...,Flat or "
-        f"...,SQ8) or --binary (rescored by cosine) reaches it"
+        f"{head}: limited by the codes{held}; rescoring by cosine reaches it (pactl index "
+        "without --rescore 0 keeps the float vectors for it), as do exact codes (--factory "
+        "...,Flat)"
     )
 
 
