@@ -53,7 +53,8 @@ def test_every_verb_has_help_with_examples(
         (["train", "IMGS", "--backbone", "small", "--dim", "0"], "--dim must be positive", 2),
         (["train", "ONECLASS.csv", "--backbone", "small"], "needs at least 2 classes", 1),
         (["embed", "IMGS", "--checkpoint", "TRUNC.pt"], "truncated or not a torch file", 1),
-        (["query", "x.png", "--index", "IMGS", "--k", "3"], "lacks meta.json", 1),
+        (["query", "IMGS/class_0/0.png", "--index", "IMGS", "--k", "3"], "lacks meta.json", 1),
+        (["query", "x.png", "--index", "IMGS", "--k", "3"], "x.png: file not found", 1),
     ],
 )
 def test_bad_input_is_one_line_not_a_traceback(

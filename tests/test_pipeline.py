@@ -28,8 +28,10 @@ def test_train_index_query_flow(
     assert code == 0, err
     bundle = trained / "index"
     meta = json.loads((bundle / "meta.json").read_text())
-    assert meta["count"] == 15  # the held-out classes 3, 4, 5: 3 x 5 images
-    test_images = sorted((tmp_path / "imgs").glob("class_[345]/*.png"))
+    assert meta["count"] == 15  # the held-out classes, 3 of the 6 drawn: 3 x 5 images
+    with (trained / "split.csv").open(newline="") as f:  # the run's draw of classes
+        test_images = sorted(Path(r["path"]) for r in csv.DictReader(f) if r["split"] == "test")
+    assert len(test_images) == 15
 
     # One query, jsonl in a pipe: k rows, results only on stdout.
     code, out, err = run_cli(["query", str(test_images[0]), "--k", "4"], monkeypatch, capsys)

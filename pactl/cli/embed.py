@@ -103,7 +103,8 @@ def embed(
       pactl embed photos/ --checkpoint best.pt --shard 0/4   # on 4 machines
       torchrun --nproc-per-node 8 -m pactl embed photos/ \\
           --checkpoint best.pt --shard auto
-      pactl embed photos/ --checkpoint best.pt --engine ray --ray-address head:6379
+      pactl embed photos/ --checkpoint best.pt --engine ray \\
+          --ray-address head:6379
     """
     from pactl.verbs.embed import embed_source
 

@@ -157,7 +157,7 @@ def query(
       pactl query new.jpg --same-item --k 10   # already indexed?
       pactl query img.png --index my_index/ --qdrant http://127.0.0.1:6333
       pactl query img.png --index codes/ --rescore 0   # binary: Hamming order
-      pactl query --vectors queries.npy --index clip_index/   # vectors of your own
+      pactl query --vectors queries.npy --index clip_index/  # your vectors
     """
     from pactl.output import HitWriter
     from pactl.verbs.query import find_bundle, query_chunks

@@ -97,7 +97,7 @@ def serve(
       pactl serve                                     # the latest run's index
       pactl serve runs/demo/index                     # http://127.0.0.1:8000/
       pactl serve index --allow-root /data/photos
-      pactl serve index --findings findings.jsonl --decisions decisions.jsonl  # /review
+      pactl serve index --findings found.jsonl --decisions kept.jsonl  # /review
       PACTL_TOKEN=... pactl serve index --host 0.0.0.0 --allow-host box.lan
     """
     import importlib.util
