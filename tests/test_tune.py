@@ -129,3 +129,20 @@ def test_a_slow_climb_is_not_taken_for_a_ceiling() -> None:
     flat = {1: 0.50, 2: 0.559, 4: 0.560, 8: 0.561, 16: 0.99, 32: 0.99, 64: 0.99}
     stopped = Climb(knob, curve(flat), 0.95, 10.0, QUIET, None).run()
     assert stopped.limited_by == "codes" and stopped.recall < 0.95
+
+
+def test_tuning_time_is_named_as_the_limit() -> None:
+    """A climb given no time stops after its first setting below the target and says why,
+    keeping the best setting measured."""
+    knob = Knob("nprobe", 1, 64, lambda p: f"nprobe={p}")
+    calls: list[str] = []
+
+    def measure(params: str) -> tuple[float, float]:
+        calls.append(params)
+        return min(1.0, int(params.split("=")[1]) / 64), 0.0
+
+    choice = Climb(knob, measure, 0.95, 10.0, QUIET, None, seconds=0.0).run()
+    assert choice.limited_by == "tuning time" and calls == ["nprobe=1"]
+    assert choice.params == "nprobe=1" and choice.recall == 1 / 64
+    unlimited = Climb(knob, measure, 0.95, 10.0, QUIET, None).run()
+    assert unlimited.limited_by is None and unlimited.params == "nprobe=61"

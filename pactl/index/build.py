@@ -19,7 +19,7 @@ from pactl.errors import PactlError
 from pactl.index.gpus import clustering_on_gpus, faiss_gpus, gpu_quantizer
 from pactl.index.mapped import Part, check_unit_rows, count_rows, read_rows, unit_blocks
 from pactl.index.rescoring import RescoredIndex, lossy, place_floats
-from pactl.index.tune import tune_search
+from pactl.index.tune import TUNING_FLOOR_S, TUNING_SHARE, tune_search
 
 FLAT_MAX_ITEMS = 50_000  # below this exact search takes a few ms a query: nothing to approximate
 # where a float bundle keeps its floats.npy, and item ids -> its rows (rescoring)
@@ -123,7 +123,11 @@ def build_parts(
         copy = place_floats(parts, floats[0], reporter)
         index = RescoredIndex(index, copy, floats[1], config.rescore or 1)
     budget, depth = config.query_budget_ms, config.rescore
-    tuning = tune_search(index, parts, config.target_recall, rng, reporter, gpus, budget, depth)
+    share = max(TUNING_FLOOR_S, TUNING_SHARE * (time.perf_counter() - started))
+    tuning = tune_search(
+        index, parts, config.target_recall, rng, reporter, gpus, budget, depth,
+        tuning_seconds=share,
+    )  # fmt: skip
     seconds = time.perf_counter() - started
     where = f" on {gpus} GPU(s)" if gpus else ""
     reporter.log(f"built {factory} over {counted(n, 'vector')} in {seconds:.1f} s{where}")

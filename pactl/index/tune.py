@@ -25,6 +25,8 @@ QUERY_BUDGET_MS = 10.0  # time a query may take (batched) at the tuned setting, 
 CODES_GAP = 0.02  # recall this far under the coverage, and flat: the codes cap it, not the lists
 DEPTH_MARGIN = 0.01  # the rescoring depth is tuned where the lists hold this much more
 MAX_TUNED_RESCORE = 128  # the deepest rescoring tuning tries (x k candidates per query)
+TUNING_SHARE = 0.25  # of the build so far: what the climb may take, at least TUNING_FLOOR_S
+TUNING_FLOOR_S = 60.0
 COVERAGE_DEPTH = 4_096  # lists ranked per tuning query for the coverage (at most nlist)
 # (queries, their own ids, k) -> the ids of their k exact neighbours, their own excluded
 Exact = Callable[[np.ndarray, np.ndarray, int], np.ndarray]
@@ -65,6 +67,7 @@ def tune_search(
     query_budget_ms: float = QUERY_BUDGET_MS,
     depth: int | None = None,
     exact: Exact | None = None,
+    tuning_seconds: float = math.inf,
 ) -> dict[str, Any]:
     """Find the cheapest search setting reaching Recall@10 >= target within `query_budget_ms` a
     query (batched) and leave it set. With `gpus`, exact search (the truth, and a Flat index's
@@ -76,9 +79,9 @@ def tune_search(
     items, the ones a query actually wants. A RescoredIndex whose `depth` is not given gets the
     fewest candidates per hit that meet the target first (tuned_depth). The record keeps every
     operating point measured and, where the target is out of reach, what limits it
-    (`limited_by`: coverage, codes or query time). `exact` gives the true neighbours where
-    they were found elsewhere (the shard tasks of pactl.engines.indexing), else they are
-    searched here.
+    (`limited_by`: coverage, codes, query time, or tuning time past `tuning_seconds`). `exact`
+    gives the true neighbours where they were found elsewhere (the shard tasks of
+    pactl.engines.indexing), else they are searched here.
     """
     n = count_rows(parts)
     k = min(RECALL_K, n - 1)
@@ -107,7 +110,7 @@ def tune_search(
         wide = Climb(knob, measure, min(1.0, target + DEPTH_MARGIN), math.inf, QUIET, coverage)
         start = wide.start(knob) if knob is not None else 0
         index.rescore = tuned_depth(index, knob, start, measure, target, reporter)
-    climb = Climb(knob, measure, target, query_budget_ms, reporter, coverage)
+    climb = Climb(knob, measure, target, query_budget_ms, reporter, coverage, tuning_seconds)
     choice = climb.run()
     space.set_index_parameters(codes, choice.params) if choice.params else None
     if choice.limited_by:
@@ -185,8 +188,8 @@ class Climb:
     """The search for the smallest setting that meets the target: from the setting whose
     coverage first reaches it (IVF), else from the knob's cheapest, doubling while recall is
     below the target and time allows, then bisecting down. It stops early only for a reason it
-    can name: the codes (recall flat, well under a coverage that already reaches the target), or
-    the query-time budget."""
+    can name: the codes (recall flat, well under a coverage that already reaches the target),
+    the query-time budget, or the time given to tuning (`seconds`)."""
 
     def __init__(
         self,
@@ -196,10 +199,12 @@ class Climb:
         budget_ms: float,
         reporter: Reporter,
         coverage: Callable[[int], float] | None,
+        seconds: float = math.inf,
     ) -> None:
         self.knob, self.measure, self.target = knob, measure, target
         self.budget_ms, self.reporter, self.coverage = budget_ms, reporter, coverage
         self.seen: dict[int, Point] = {}
+        self.until = time.perf_counter() + seconds  # the climb stops past this (tuning time)
 
     @property
     def points(self) -> list[Point]:
@@ -257,6 +262,8 @@ class Climb:
         """Why climbing further is pointless, or None to go on."""
         if point.ms > self.budget_ms:
             return "query time"
+        if time.perf_counter() > self.until:
+            return "tuning time"
         if failed == 0:
             return None
         gained = point.recall - self.seen[failed].recall
@@ -300,6 +307,11 @@ def shortfall_words(choice: Choice, target: float, budget_ms: float) -> str:
         return (
             f"{head}: limited by query time ({ms:.2f} ms a query, over the budget of "
             f"{budget_ms:g} ms); --query-budget MS higher searches wider"
+        )
+    if choice.limited_by == "tuning time":
+        return (
+            f"{head}: limited by tuning time (the climb stopped at its share of the build, "
+            "the best setting measured kept); a --factory with fewer lists tunes sooner"
         )
     if choice.limited_by == "coverage":
         return (
