@@ -140,8 +140,13 @@ def _timings(
 def status_bytes(field: str, pid: int | str = "self") -> int | None:
     """A kB field of /proc/<pid>/status (VmHWM, VmRSS, RssAnon...) in bytes; None where the
     process is gone or the kernel has no such field."""
+    return _kb_field(f"/proc/{pid}/status", field)
+
+
+def _kb_field(path: str, field: str) -> int | None:
+    """The `field: N kB` line of a /proc file in bytes; None where it or the file is missing."""
     try:
-        with open(f"/proc/{pid}/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
@@ -254,14 +259,7 @@ def machine() -> dict[str, Any]:
 
 def status_meminfo(field: str) -> int | None:
     """A kB field of /proc/meminfo in bytes."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    return _kb_field("/proc/meminfo", field)
 
 
 def commit() -> dict[str, Any]:
