@@ -44,6 +44,7 @@ from pactl.rules import (
     number,
     numbers,
     optional,
+    share_or_auto,
     shown,
     text,
 )
@@ -206,11 +207,13 @@ class TrainConfig:
         "0.5:small_cluster (a class cut into small groups, each moved whole to another class). "
         "Validation and test labels are never changed; the run lists the changes in noise.csv.",
     )  # fmt: skip  # RATE in [0, 1) (pactl.training.noise)
-    drop_noisy: float = setting(
-        0.0, number(0, 1, below=True),
+    drop_noisy: float | str = setting(
+        0.0, share_or_auto(),
         "Keep this share of each batch out of the loss from the second epoch on: the images "
         "whose label their class's mean and their nearest training images (a memory of each "
-        "image's last embedding) doubt most, as PRISM does (0: off).",
+        "image's last embedding) doubt most, as PRISM does (0: off). auto: each epoch, the "
+        "share of each class its estimated noise rate says (Confident Learning's count on "
+        "that memory), recorded in metrics.csv.",
     )  # fmt: skip  # pactl.training.robust
     eval_ks: tuple[int, ...] = setting(
         (1, 2, 4, 8), integers(32, 1, MAX_K), "Recall@K reported each epoch.", cli=False

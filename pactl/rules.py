@@ -167,6 +167,24 @@ def label_noise() -> Rule:
     )
 
 
+AUTO = "auto"  # --drop-noisy auto: the share each class's estimated noise rate says
+
+
+def share_or_auto() -> Rule:
+    """A share from 0 and below 1, or auto (--drop-noisy)."""
+    share = number(0, 1, below=True)
+    return Rule(f"{share.wants}, or {AUTO}", lambda v: v == AUTO or share.ok(v))
+
+
+def number_or_text(text: str) -> float | str:
+    """The number `text` spells, else `text` itself (a setting that takes a number or a word,
+    whose rule then names what it wants)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def shown(value: Any) -> str:
     """A value as a message quotes it: its repr, cut at 40 characters."""
     text = repr(value)

@@ -20,6 +20,7 @@ import torch
 from pactl.config import ModelConfig, TrainConfig, read_config, to_dict
 from pactl.datasets import Manifest
 from pactl.errors import PactlError
+from pactl.rules import AUTO
 from pactl.store.csv_cells import csv_text
 from pactl.store.generations import atomic_write_text, make_folder
 from pactl.version import __version__
@@ -166,9 +167,11 @@ def writing_in(run_dir: Path) -> Iterator[None]:
 
 
 def metric_columns(cfg: TrainConfig, with_val: bool) -> list[str]:
-    """Test metrics under their own names, validation ones prefixed with val_."""
+    """Test metrics under their own names, validation ones prefixed with val_; with
+    --drop-noisy auto, each epoch's estimated noise rate and the images it left out."""
     recalls = [f"recall@{k}" for k in cfg.eval_ks]
     val = [f"val_{c}" for c in (*recalls, "map@r")] if with_val else []
+    auto = ["noise_rate", "dropped"] if cfg.drop_noisy == AUTO else []
     return [
         "epoch",
         "loss",
@@ -179,6 +182,7 @@ def metric_columns(cfg: TrainConfig, with_val: bool) -> list[str]:
         "nmi",
         *val,
         "mean_cos",
+        *auto,
         "seconds",
     ]
 

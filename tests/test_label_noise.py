@@ -147,3 +147,88 @@ def test_drop_noisy_leaves_the_most_doubted_share_out() -> None:
     kept, kept_labels = doubt.select(points[batch], torch.as_tensor(labels)[batch], batch)
     assert kept.shape == (3, 2)
     assert torch.equal(kept, points[[0, 3, 6]]) and kept_labels.tolist() == [0, 1, 2]
+
+
+AUTO_TOLERANCE = 0.05  # of the training images: how near auto's count comes to the planted one
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.3])
+def test_drop_noisy_auto_leaves_out_about_the_planted_flips(rate: float) -> None:
+    """8 tight clusters of 40 in 16-D, `rate` of the labels flipped symmetrically: after the
+    memory is filled, auto leaves out within AUTO_TOLERANCE x N of the planted count, and at
+    least 90% of the images it leaves out are flipped ones; a batch then loses exactly those."""
+    rng = np.random.default_rng(5)
+    truth = np.repeat(np.arange(8), 40)
+    centres = rng.normal(size=(8, 16))
+    points = centres[truth] + 0.25 * rng.normal(size=(len(truth), 16))
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    noise = corrupt(truth, rate, "symmetric", seed=1)
+    doubt = label_doubt("auto", noise.labels, 8, 16, torch.device("cpu"))
+    assert doubt is not None
+    vectors, everything = torch.as_tensor(points, dtype=torch.float32), torch.arange(len(truth))
+    assert doubt.start_epoch(0) is None  # the first epoch fills the memory, drops nothing
+    doubt.select(vectors, torch.as_tensor(noise.labels), everything)
+    judged = doubt.start_epoch(1)
+    assert judged is not None
+    dropped = np.flatnonzero(judged.left_out)
+    assert abs(len(dropped) - len(noise.rows)) <= AUTO_TOLERANCE * len(truth)
+    assert abs(judged.estimate.overall - rate) <= AUTO_TOLERANCE
+    precision = np.isin(dropped, noise.rows).mean()
+    assert precision >= 0.9, precision
+    batch = torch.arange(0, len(truth), 3)
+    kept, _ = doubt.select(vectors[batch], torch.as_tensor(noise.labels)[batch], batch)
+    assert len(kept) == len(batch) - int(judged.left_out[batch.numpy()].sum())
+    assert f"estimated noise rate {judged.estimate.overall:.3f}" in judged.words(1)
+
+
+def test_drop_noisy_auto_on_clean_labels_leaves_out_almost_nothing() -> None:
+    rng = np.random.default_rng(6)
+    labels = np.repeat(np.arange(6), 30)
+    points = rng.normal(size=(6, 8))[labels] + 0.2 * rng.normal(size=(len(labels), 8))
+    doubt = label_doubt("auto", labels, 6, 8, torch.device("cpu"))
+    assert doubt is not None
+    doubt.select(
+        torch.as_tensor(points, dtype=torch.float32),
+        torch.as_tensor(labels),
+        torch.arange(len(labels)),
+    )
+    judged = doubt.start_epoch(1)
+    assert judged is not None and judged.dropped <= 0.02 * len(labels)
+
+
+@pytest.mark.parametrize("value", ["autox", "-1", "1.5", "nan"])
+def test_drop_noisy_refuses_a_bad_value_in_one_line(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_class_folder(tmp_path / "imgs", classes=4, per_class=4)
+    code, _, err = run_cli(
+        ["train", str(tmp_path / "imgs"), "--drop-noisy", value, *TINY], monkeypatch, capsys
+    )
+    assert code == 2
+    line = one_error(err)
+    assert "--drop-noisy" in line and "below 1, or auto" in line
+
+
+def test_drop_noisy_auto_says_and_records_its_estimate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two epochs on a tiny set with planted noise: the second epoch's line on stderr, and its
+    row of metrics.csv holding the same rate and count; config.json keeps `auto`."""
+    make_class_folder(tmp_path / "imgs", classes=8, per_class=6)
+    args = ["train", str(tmp_path / "imgs"), "--epochs", "2", "--name", "a", *TINY]
+    code, _, err = run_cli(
+        [*args, "--label-noise", "0.2", "--drop-noisy", "auto", "--val-classes", "0"],
+        monkeypatch,
+        capsys,
+    )
+    assert code == 0, err
+    run = tmp_path / "runs" / "a"
+    rows = read_csv(run / "metrics.csv")
+    assert [r["noise_rate"] for r in rows[:2]] == ["", ""]  # epoch 0 and the first: none
+    last = rows[2]
+    said = [line for line in err.splitlines() if "--drop-noisy auto" in line]
+    assert said == [
+        f"epoch 2: --drop-noisy auto: estimated noise rate {float(last['noise_rate']):.3f}; "
+        f"{int(last['dropped'])} of 24 training images left out of its loss"
+    ]
+    assert json.loads((run / "config.json").read_text())["train_config"]["drop_noisy"] == "auto"

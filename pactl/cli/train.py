@@ -37,6 +37,7 @@ from pactl.config import (
 from pactl.console import Reporter, literal, out
 from pactl.errors import UsageError
 from pactl.recipe import CHOSEN_BY, PRESETS, Recipe
+from pactl.rules import number_or_text
 from pactl.verbs.train import check_run_name
 
 __all__ = ["check_run_name", "train"]  # pactl sweep's --name takes train's rule
@@ -132,7 +133,7 @@ def train(
         str | None, typer.Option(metavar="RATE[:KIND]", help=help_of("label_noise"))
     ] = None,
     drop_noisy: Annotated[
-        float | None, typer.Option(metavar="RATE", help=help_of("drop_noisy"))
+        str | None, typer.Option(metavar="RATE|auto", help=help_of("drop_noisy"))
     ] = None,
     seed: Annotated[int | None, typer.Option(help=help_of("seed"))] = None,
     precision: Annotated[
@@ -209,6 +210,7 @@ def train(
       pactl train cars196               # the paper's recipe (float32), on the GPU
       pactl train my_photos/ --weights lite0.pth   # a state_dict file
       pactl train my_photos/ --time-budget 15m     # epochs fitted to 15 minutes
+      pactl train my_photos/ --drop-noisy auto     # leave wrong labels out
       torchrun --nproc-per-node 4 -m pactl train sop
       pactl train --resume latest
     """
@@ -240,6 +242,8 @@ def start_of(params: dict[str, Any], log: Reporter) -> RunStart:
     options = {k: v for k, v in params.items() if v is not None}
     fields = option_fields()
     settings = {fields[k]: _value(v) for k, v in options.items() if k in fields}
+    if "drop_noisy" in settings:  # RATE or auto: the setting's rule says which it wants
+        settings["drop_noisy"] = number_or_text(settings["drop_noisy"])
     return verb.start_run(
         options.get("source"),
         settings,

@@ -31,7 +31,7 @@ from pactl.console import QUIET, Reporter
 from pactl.errors import Busy, PactlError, UsageError
 from pactl.recipe import settle
 from pactl.research.seeds import MAX_SEEDS
-from pactl.rules import MAX_SEED, Rule, integer, integers, optional, text
+from pactl.rules import MAX_SEED, Rule, integer, integers, number_or_text, optional, text
 from pactl.store.generations import atomic_write_text, make_folder, writer_lock
 
 if TYPE_CHECKING:
@@ -122,6 +122,8 @@ def convert(key: str, text: str) -> Any:
     base = next(iter(args)) if args else kind
     if text.lower() in ("none", "null") and type(None) in typing.get_args(kind):
         return None
+    if args == {float, str}:  # a number or a word (drop_noisy=0.2 or auto)
+        return number_or_text(text)
     try:
         if base is bool:
             if text.lower() not in ("true", "false", "yes", "no", "1", "0"):

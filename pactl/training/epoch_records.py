@@ -177,7 +177,7 @@ def log_scalars(writer: Any, row: dict[str, Any]) -> None:
         if key == "epoch" or not isinstance(value, float) or not math.isfinite(value):
             continue
         group = (
-            "train" if key in ("loss", "lr") else "time" if key == "seconds" else
+            "train" if key in ("loss", "lr", "noise_rate") else "time" if key == "seconds" else
             "val" if key.startswith("val_") else "test"
         )  # fmt: skip
         writer.add_scalar(f"{group}/{key.removeprefix('val_')}", value, int(row["epoch"]))

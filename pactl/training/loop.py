@@ -209,6 +209,8 @@ def train_epoch(
     lr = t.optimizer.param_groups[0]["lr"]
     loss = train_one_epoch(t, train_loader(splits.train, labels, t, epoch), epoch, reporter)
     row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss, "lr": lr}
+    if t.doubt is not None and t.doubt.judged is not None:  # --drop-noisy auto's choice
+        row.update(noise_rate=t.doubt.judged.estimate.overall, dropped=t.doubt.judged.dropped)
     last = epoch + 1 == cfg.epochs
     vectors = None  # an epoch left unevaluated (--eval-every) has no vectors of its own
     if t.world.is_main and ((epoch + 1) % cfg.eval_every == 0 or last):

@@ -272,8 +272,9 @@ def train_one_epoch(
     """One pass over the training split; returns the mean loss."""
     t.model.train()
     set_warmup(t.net, epoch, t.cfg)
-    if t.doubt is not None:
-        t.doubt.epoch = epoch
+    judged = t.doubt.start_epoch(epoch) if t.doubt is not None else None
+    if judged is not None and t.world.is_main:
+        reporter.log(judged.words(epoch))
     if t.cfg.freeze_bn:
         freeze_batchnorm(t.net.backbone)
     losses = []
