@@ -124,3 +124,43 @@ def test_a_bundle_of_exact_codes_keeps_no_floats(tmp_path: Path, vectors: np.nda
     assert not (bundle_dir / "floats.npy").exists()
     with pytest.raises(PactlError, match="--rescore is for bundles of lossy codes"):
         search(load_bundle(bundle_dir), vectors[:2], 3, rescore=4)
+
+
+@pytest.mark.parametrize("factory", ["PCAR8,Flat", "PCA8,IVF16,Flat", "OPQ4_8,IVF16,Flat"])
+def test_a_dimension_cutting_pre_transform_before_exact_lists_is_rescored(
+    tmp_path: Path, vectors: np.ndarray, factory: str
+) -> None:
+    # 32-d vectors in 40 clusters with noise in every axis: 8 dimensions lose neighbours.
+    bundle_dir = bundle_of(tmp_path, vectors, IndexConfig(factory=factory, target_recall=0.95))
+    bundle = load_bundle(bundle_dir)
+    assert isinstance(bundle.index, RescoredIndex) and lossy(bundle.index.index)
+    assert (bundle_dir / "floats.npy").is_file() and bundle.meta["rescore"] >= 1
+    assert bundle.meta["target_reached"] is True
+    fresh = unit(vectors[:200] + 0.05 * np.random.default_rng(4).standard_normal((200, DIM)))
+    queries = fresh.astype(np.float32)
+    truth = exact_top(vectors, queries, 10, set())
+    _, found = search(bundle, queries, 10)
+    _, reduced = search(bundle, queries, 10, rescore=0)  # the pre-transform's own order
+    assert recall(found, truth) >= 0.93
+    assert recall(reduced, truth) < recall(found, truth) - 0.1
+
+
+def test_rescore_0_keeps_a_pca_reduced_flat_unrescored_and_names_the_codes(
+    tmp_path: Path, vectors: np.ndarray
+) -> None:
+    config = IndexConfig(factory="PCAR8,Flat", rescore=0, target_recall=0.95)
+    bundle_dir = bundle_of(tmp_path, vectors, config)
+    bundle = load_bundle(bundle_dir)
+    assert not isinstance(bundle.index, RescoredIndex)
+    assert not (bundle_dir / "floats.npy").exists() and "rescore" not in bundle.meta
+    assert bundle.meta["target_reached"] is False
+
+
+def test_a_rotation_that_keeps_every_cosine_is_not_lossy() -> None:
+    import faiss
+
+    x = unit(np.random.default_rng(2).standard_normal((500, 16))).astype(np.float32)
+    for factory, cut in [("RR16,Flat", False), ("PCA16,Flat", True), ("L2norm,Flat", False)]:
+        index = faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)
+        index.train(x)
+        assert lossy(index) is cut, factory

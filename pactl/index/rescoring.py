@@ -187,14 +187,40 @@ class RescoredIndex:
 
 
 def lossy(index: Any) -> bool:
-    """Whether the index stores its vectors other than as they are (PQ, SQ, ...): exact cosine
-    on the float vectors can then rank its candidates better than it does."""
+    """Whether the index scores its vectors other than by their exact cosine: codes that store
+    them approximately (PQ, SQ, ...), or a pre-transform that changes inner products in front
+    of exact lists (PCA64,IVF1024,Flat; OPQ16_64,...; PCAR32,Flat): exact cosine on the float
+    vectors can then rank its candidates better than it does."""
     import faiss
 
-    inner = faiss.downcast_index(index.index if isinstance(index, faiss.IndexIDMap) else index)
+    inner = faiss.downcast_index(index)
+    while isinstance(inner, faiss.IndexIDMap | faiss.IndexPreTransform):
+        if isinstance(inner, faiss.IndexPreTransform):
+            chain = inner.chain
+            steps = (faiss.downcast_VectorTransform(chain.at(i)) for i in range(chain.size()))
+            if any(not keeps_scores(step) for step in steps):
+                return True
+        inner = faiss.downcast_index(inner.index)
     ivf = faiss.try_extract_index_ivf(inner)
     if ivf is not None:
         return not isinstance(faiss.downcast_index(ivf), faiss.IndexIVFFlat)
     if isinstance(inner, faiss.IndexHNSW):
         return not isinstance(faiss.downcast_index(inner.storage), faiss.IndexFlat)
     return not isinstance(inner, faiss.IndexFlat)
+
+
+def keeps_scores(step: Any) -> bool:
+    """Whether a FAISS pre-transform leaves every inner product of unit vectors as it was: an
+    orthonormal map with no shift into as many dimensions or more (a random rotation, OPQ's
+    full-width rotation), padding, or normalising (pactl's vectors are unit already). A PCA
+    cuts dimensions and, even at full width, shifts by the mean, which changes a query's
+    inner products by a term of each item's own: its order is not the cosine's."""
+    import faiss
+
+    if isinstance(step, faiss.NormalizationTransform):
+        return True
+    if isinstance(step, faiss.RemapDimensionsTransform):
+        return step.d_out >= step.d_in
+    if isinstance(step, faiss.LinearTransform):
+        return bool(step.is_orthonormal and not step.have_bias and step.d_out >= step.d_in)
+    return False
