@@ -196,7 +196,7 @@ def lossy(index: Any) -> bool:
     inner = faiss.downcast_index(index)
     while isinstance(inner, faiss.IndexIDMap | faiss.IndexPreTransform):
         if isinstance(inner, faiss.IndexPreTransform):
-            chain = inner.chain
+            chain: Any = inner.chain  # a SWIG vector (its stub types it as a list)
             steps = (faiss.downcast_VectorTransform(chain.at(i)) for i in range(chain.size()))
             if any(not keeps_scores(step) for step in steps):
                 return True
