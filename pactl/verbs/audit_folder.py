@@ -1,13 +1,15 @@
 """`pactl audit FOLDER` without labels and without a trained run: the copies and near copies
 within the set, its outliers and the image checks, from one decode of each image (the
-thumbnails). What needs labels (suspected labels, the class view, leaks across splits) is said
+thumbnails), or by an ImageNet network's features where its weights are here
+(pactl.audit.features: `--features auto`, the default, says in one line when it falls back to
+the thumbnails). What needs labels (suspected labels, the class view, leaks across splits) is said
 so in one line.
 
 The copy search treats the set as one split under one label and reports every pair it accepts
 (kind copy); its threshold is the likeness the copies it makes of the set's own images reach
 (pactl.audit.copies: without splits or labels no pair is known to be distinct, so the share of
-false pairs cannot be estimated and stderr says so). Outliers are the images whose thumbnail
-thumbnails lie farthest from their k nearest: 1 - the mean cosine to them.
+false pairs cannot be estimated and stderr says so). Outliers are the images whose thumbnails
+(or features) lie farthest from their k nearest: 1 - the mean cosine to them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class FolderResult:
     copies: list[Copy]
     threshold: CopyThreshold | None
     checks: ImageChecks | None
+    features: str = "thumbnail"  # what the outliers and copies were found by, in words
 
 
 def read_folder(folder: Path, no_labels: bool, reporter: Reporter) -> Unlabelled:
@@ -72,14 +75,35 @@ def read_folder(folder: Path, no_labels: bool, reporter: Reporter) -> Unlabelled
 
 
 def audit_folder(folder: Path, config: AuditConfig, no_labels: bool, reporter: Reporter) -> Any:
-    """The label-free audit of the images below `folder` (FolderResult)."""
-    from pactl.audit.copies import CANDIDATES, accepted_copies, propose
-    from pactl.verbs.audit import image_checks, read_images, worker_count
+    """The label-free audit of the images below `folder` (FolderResult): outliers and copies by
+    an ImageNet network's features where config.features allows and its weights are here
+    (pactl.audit.features), else by the thumbnails."""
+    from pactl.audit.features import chosen_weights
+    from pactl.verbs.audit import image_checks, read_images
 
     data = read_folder(folder, no_labels, reporter)
+    weights = chosen_weights(config.features, config.weights, reporter)
     reporter.log(f"auditing {counted(len(data), 'image')} of {folder}; {NEEDS_LABELS}")
+    if weights is not None:
+        result = by_features(data, config, weights, reporter)
+        if config.checks:
+            pictures = read_images(data.paths, replace(config, copies=False), reporter)
+            result = replace(result, checks=image_checks(pictures, reporter))
+        return result
+    if config.features == "thumbnails":  # auto's fallback said why in its own line
+        reporter.log("features: the thumbnails (grey cells of each image)")
     pictures = read_images(data.paths, replace(config, checks=True), reporter)  # outliers too
     checks = image_checks(pictures, reporter) if config.checks else None
+    return by_thumbnails(data, config, pictures, checks, reporter)
+
+
+def by_thumbnails(
+    data: Unlabelled, config: AuditConfig, pictures: Any, checks: Any, reporter: Reporter
+) -> FolderResult:
+    """Outliers and copies by the thumbnails `pictures` (pactl.audit.thumbnails.Pictures)."""
+    from pactl.audit.copies import CANDIDATES, accepted_copies, propose
+    from pactl.verbs.audit import worker_count
+
     k, workers = max(config.neighbours, CANDIDATES), worker_count(config)
     outlier = outliers(pictures.thumbs, pictures.read, k, config.batch_size)
     copies: list[Copy] = []
@@ -95,6 +119,31 @@ def audit_folder(folder: Path, config: AuditConfig, no_labels: bool, reporter: R
     elif config.copies:
         reporter.log("copies: not looked for (fewer than 2 images can be read)")
     return FolderResult(data, outlier, copies, threshold, checks)
+
+
+def by_features(
+    data: Unlabelled, config: AuditConfig, weights: Path, reporter: Reporter
+) -> FolderResult:
+    """Outliers and copies by the pooled features of an ImageNet network with `weights`."""
+    from pactl.audit.copies import CANDIDATES
+    from pactl.audit.features import centred, centring, feature_copies, feature_network
+    from pactl.verbs.audit import worker_count
+
+    reporter.log(f"features: the pretrained network's (EfficientNet-Lite0, weights {weights})")
+    embed = feature_network(weights, config.device, reporter)
+    raw, read = embed(data.paths)
+    mean = raw[read].mean(axis=0) if read.any() else np.zeros(raw.shape[1], np.float32)
+    x = centred(raw, read, mean)
+    k, workers = max(config.neighbours, CANDIDATES), worker_count(config)
+    outlier = outliers(x, read, k, config.batch_size)
+    copies: list[Copy] = []
+    threshold = None
+    if config.copies:
+        copies, threshold = feature_copies(
+            data, x, k, config.copy_threshold, centring(embed, mean),
+            reporter, workers,
+        )  # fmt: skip
+    return FolderResult(data, outlier, copies, threshold, None, "pretrained features")
 
 
 def outliers(thumbs: np.ndarray, read: np.ndarray, k: int, batch_size: int) -> np.ndarray:
@@ -136,7 +185,7 @@ def folder_findings(result: FolderResult, top: int) -> list[list[Finding]]:
     outliers = [
         item(
             "outlier", r, float(result.outlier[i]), i,
-            reason=f"mean thumbnail cosine to its nearest {1 - result.outlier[i]:.4f}",
+            reason=f"mean {result.features} cosine to its nearest {1 - result.outlier[i]:.4f}",
         )
         for r, i in enumerate(order.tolist(), start=1)
     ]  # fmt: skip
