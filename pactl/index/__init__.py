@@ -20,7 +20,8 @@ Rooms, in reading order: build.py (factory choice, training, adding), mapped.py 
 block at a time, the parts of an index), exact.py (exact neighbours by brute force), tune.py
 (the search setting that meets a recall target), gpus.py (FAISS on GPUs), ondisk.py (an IVF
 built shard by shard), bundle.py and reading.py (the bundle written and read), search.py,
-upkeep.py (add, delete, compact), verify.py, dedup.py and grouping.py (near duplicates), and
+upkeep.py (add, delete, compact), verify.py, dedup.py and grouping.py (near duplicates),
+sharded.py and sets.py (bundle sets: shard bundles of one trained index answered as one), and
 binary/ (binary bundles).
 """
 
@@ -60,6 +61,14 @@ from pactl.index.ondisk import (
     wants_on_disk,
 )
 from pactl.index.reading import bundle_count, check_folder, load_bundle, rebuild_facts
+from pactl.index.sets import (
+    SET_FILES,
+    SET_FORMAT,
+    build_set,
+    is_bundle_set,
+    load_bundle_or_set,
+    verify_bundle_or_set,
+)
 from pactl.index.tune import ann_recall, tune_search
 from pactl.index.upkeep import add_to_bundle, compact_bundle, delete_items
 from pactl.index.verify import UNSEALED, verify_bundle
@@ -102,6 +111,12 @@ __all__ = [
     "empty_like",
     "exact_neighbours",
     "load_bundle",
+    "load_bundle_or_set",
+    "is_bundle_set",
+    "build_set",
+    "verify_bundle_or_set",
+    "SET_FILES",
+    "SET_FORMAT",
     "new_index",
     "ann_recall",
     "save_bundle",

@@ -35,6 +35,7 @@ from pactl.store.item_table import TABLE_FILE, ItemTable
 from pactl.version import __version__
 
 BUNDLE_FORMAT = "pactl.bundle"
+SET_FORMAT = "pactl.bundle_set"  # shard bundles answered as one (pactl.index.sets)
 BUNDLE_VERSION = 3  # 2: may hold deleted.npy; 3: binary codes (index.faiss a FAISS binary index)
 TOMBSTONES_VERSION = 2  # a pactl that reads only version 1 would return deleted items: refused
 # a pactl that reads versions 1 and 2 would take a binary index.faiss for a damaged one: refused

@@ -28,6 +28,7 @@ from pactl.index.bundle import (
     MAX_SEARCH_SETTING,
     META_FILE,
     REMOVED_FILE,
+    SET_FORMAT,
     Bundle,
     ondisk_lists,
 )
@@ -109,6 +110,8 @@ def read_tables(path: Path, gen: Path) -> tuple[dict[str, Any], ItemTable, np.nd
     other (the index itself is not read)."""
     for name in (META_FILE, ITEMS_FILE, INDEX_FILE):
         if not (gen / name).is_file():
+            if name != META_FILE:  # its format first: a bundle set has none of these files
+                read_meta(path, gen)
             raise PactlError(f"bundle {path} lacks {name}: rebuild it with `pactl index`")
     meta = read_meta(path, gen)
     check_files(gen, meta, path, "rebuild the bundle with `pactl index`")
@@ -313,6 +316,11 @@ def read_meta(path: Path, gen: Path) -> dict[str, Any]:
     if found != BUNDLE_FORMAT:
         vectors = found == VECTORS_FORMAT
         hint = "; it holds vectors: index them with `pactl index`" if vectors else ""
+        if found == SET_FORMAT:  # pactl.index.sets: searched as one, never changed in place
+            hint = (
+                "; it is a bundle set: query or serve it, and rebuild it with `pactl index "
+                "VECTORS --keep-shards` to change it"
+            )
         raise PactlError(f"{path} is not a pactl bundle (meta.json format {found!r}){hint}")
     version = meta.get("version")
     if type(version) is not int or not 1 <= version <= BUNDLE_VERSION:

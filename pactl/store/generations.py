@@ -203,6 +203,7 @@ def _open_lock(folder: Path) -> int:
 
 KINDS = {
     "pactl.bundle": "an index bundle",
+    "pactl.bundle_set": "a bundle set",
     VECTORS_FORMAT: "embedded vectors",
     "pactl.parquet": "vectors in the Parquet layout",
 }
