@@ -129,7 +129,7 @@ class Index:
         faiss_device: str = "auto",
         progress: bool = False,
     ) -> None:
-        from pactl.index import load_bundle
+        from pactl.index import load_bundle_or_set
         from pactl.verbs.lineage import records_network
         from pactl.verbs.query import with_network
 
@@ -137,7 +137,7 @@ class Index:
         self.device_name, self.faiss_device = device, faiss_device
         self.reporter = _reporter(progress)
         source = _model_source(checkpoint) if checkpoint is not None else None
-        self._bundle = load_bundle(self.path, faiss_device=faiss_device)
+        self._bundle = load_bundle_or_set(self.path, faiss_device=faiss_device)
         self.opened: QueryModel | None = None  # None: no network recorded nor given
         if source is not None or records_network(self._bundle.meta):
             self.opened = with_network(self._bundle, self.path, source, device)
@@ -322,9 +322,9 @@ class Index:
 
     def reload(self) -> None:
         """Load the bundle's current generation (another process may have written one)."""
-        from pactl.index import load_bundle
+        from pactl.index import load_bundle_or_set
 
-        self._bundle = load_bundle(self.path, faiss_device=self.faiss_device)
+        self._bundle = load_bundle_or_set(self.path, faiss_device=self.faiss_device)
         if self.opened is not None:
             self.opened.bundle = self._bundle
 

@@ -191,6 +191,24 @@ def index(
             "--target-recall, measured.",
         ),
     ] = None,
+    keep_shards: Annotated[
+        bool,
+        typer.Option(
+            "--keep-shards",
+            help="Build a bundle set: one bundle per shard of the embed folder (OUT/shards/), "
+            "all filled from one index trained once, tuned once on their union; query, serve "
+            "and the API answer it as one bundle.",
+        ),
+    ] = False,
+    shard_items: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="A bundle set (as --keep-shards) whose shard bundles hold at most N items "
+            "each: a vectors shard is cut into pieces.",
+        ),
+    ] = None,
     device: Device = "auto",
     follow_links: FollowLinks = False,
     engine: EngineOption = Engine("local"),
@@ -205,6 +223,10 @@ def index(
     `pactl export --to parquet` or clip-retrieval).
 
     With --on-disk, shards are indexed one at a time into an IVF whose lists stay on disk.
+
+    With --keep-shards (or --shard-items N), each shard becomes a bundle of its own under
+    OUT/shards/, all filled from one IVF or Flat index trained once and tuned once on their
+    union: a bundle set, which query, serve and the API answer as one bundle would.
 
     With --engine ray (an IVF or Flat float index, from an embed folder), the index is trained
     here, each shard is filled by one Ray task, and the lists are merged and tuned here: the
@@ -224,6 +246,8 @@ def index(
       pactl index photos/ --backbone resnet50 --out baseline/   # no training
       pactl index vectors/ --on-disk yes --factory IVF4096,Flat
       pactl index vectors/ --engine ray --ray-address head:6379
+      pactl index vectors/ --keep-shards --out my_set/   # a bundle set
+      pactl index vectors/ --shard-items 1000000 --out my_set/
       pactl index vectors/ --binary --out codes/        # 512-d: 512-bit codes
       pactl index vectors/ --binary --bits 128 --rescore 8
       pactl index new_photos/ --add runs/<run>/index      # no rebuild
@@ -247,6 +271,15 @@ def index(
         check_output(out_dir, "--out", folder=True)
     if source is not None:
         check_source(source)
+    if keep_shards or shard_items is not None:
+        apart = {"--add": add is not None, "--delete": bool(delete), "--compact": compact}
+        apart |= {
+            "--verify": verify,
+            "--overwrite": overwrite,
+            "--engine ray": cluster.engine == "ray",
+        }
+        apart |= {"--checkpoint": checkpoint is not None, "--backbone": backbone is not None}
+        return index_set_only(source, out_dir, config, log, shard_items, apart)
     if verify:
         return verify_only(source, bool(delete or compact or add), log)
     if delete or compact:
@@ -282,6 +315,34 @@ def index(
         if "binary" in meta:
             factory += f", {meta['binary']['bits']}-bit codes"
         out.print(literal(f"indexed {counted(meta['count'], 'item')} ({factory}) in {bundle}"))
+
+
+def index_set_only(
+    source: str | None,
+    out_dir: Path | None,
+    config: IndexConfig,
+    log: Reporter,
+    shard_items: int | None,
+    apart: dict[str, bool],
+) -> None:
+    """--keep-shards: a bundle set from an embed folder (pactl.index.sets)."""
+    from pactl.verbs.index import index_set
+
+    for flag in [flag for flag, on in apart.items() if on]:
+        raise UsageError(f"{flag} does not go with --keep-shards, which builds a bundle set")
+    if source is None or not is_vectors_folder(Path(source)):
+        raise UsageError(
+            "--keep-shards makes a bundle set of an embed folder's shards: embed the images "
+            "first (`pactl embed IMAGES --shard i/n --out VECTORS`), then `pactl index VECTORS "
+            "--keep-shards --out SET`"
+        )
+    if out_dir is not None:
+        check_apart(Path(source), out_dir)
+    folder, meta = index_set(Path(source), out_dir, config, log, shard_items)
+    shards = counted(len(meta["shards"]), "shard bundle")
+    line = f"indexed {counted(meta['count'], 'item')} ({meta['factory']}) in {folder}: {shards}"
+    with to_stdout():
+        out.print(literal(line))
 
 
 RAY_INDEXES = (
@@ -417,13 +478,13 @@ def keep_bundle(
 
 def verify_only(bundle: str | None, other_work: bool, log: Reporter) -> None:
     """`pactl index --verify BUNDLE`: the bundle's files against their recorded checksums."""
-    from pactl.index import UNSEALED, verify_bundle
+    from pactl.index import UNSEALED, verify_bundle_or_set
 
     if bundle is None:
         raise UsageError("--verify needs the bundle: pactl index --verify BUNDLE")
     if other_work:
         raise UsageError("--verify goes alone: run --add, --delete or --compact apart from it")
-    checked = verify_bundle(Path(bundle), log)
+    checked = verify_bundle_or_set(Path(bundle), log)
     if checked is None:
         line = (
             f"{bundle}: no checksums recorded (written by an older pactl): sizes, headers and "

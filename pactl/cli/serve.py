@@ -106,7 +106,7 @@ def serve(
     missing = [pkg for module, pkg in needed.items() if importlib.util.find_spec(module) is None]
     if missing:
         raise PactlError(f"pactl serve needs {', '.join(missing)}: pip install 'pactl[serve]'")
-    from pactl.index import UNSEALED, check_folder, verify_bundle
+    from pactl.index import UNSEALED, check_folder, verify_bundle_or_set
     from pactl.serve.config import ServeConfig
     from pactl.serve.server import serve as run_service
     from pactl.verbs.query import find_bundle
@@ -117,7 +117,7 @@ def serve(
         bundle = find_bundle(runs_dir(), "name the bundle folder: pactl serve BUNDLE")
         log.log(f"using index {bundle}")
     check_folder(bundle)
-    checked = verify_bundle(bundle, log)  # damage found now, not as wrong answers later
+    checked = verify_bundle_or_set(bundle, log)  # damage found now, not as wrong answers later
     if checked is None:
         log.log(f"{bundle}: no checksums recorded (an older pactl's bundle): sizes checked")
     elif not checked.meta:

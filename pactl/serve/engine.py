@@ -121,9 +121,9 @@ class Engine:
             return self.snapshot
 
     def _reload(self, generation: str | None) -> None:
-        from pactl.index import load_bundle
+        from pactl.index import load_bundle_or_set
 
-        bundle = load_bundle(self.config.bundle, faiss_device=self.config.faiss_device)
+        bundle = load_bundle_or_set(self.config.bundle, faiss_device=self.config.faiss_device)
         if bundle.meta.get("fingerprint") != self.snapshot.bundle.meta.get("fingerprint"):
             self._load_model_and_bundle()  # rebuilt with another network: load that one
         else:

@@ -23,9 +23,13 @@ from pactl.verbs.vector_sources import read_parts
 if TYPE_CHECKING:
     from pactl.checkpoint import ModelSource
 
-# (vectors folder, its (vectors, ids) parts, settings, reporter, the bundle's new generation)
-# -> (index, tuning record): a float index built elsewhere (pactl.engines.indexing)
-FloatBuild = Callable[[Path, list[Any], IndexConfig, Reporter, Path], tuple[Any, dict[str, Any]]]
+# (vectors folder, its (vectors, ids) parts, settings, reporter, the bundle's new generation,
+# item ids -> item rows: where floats.npy keeps each) -> (index, tuning record): a float index
+# built elsewhere (pactl.engines.indexing)
+FloatBuild = Callable[
+    [Path, list[Any], IndexConfig, Reporter, Path, Callable[[Any], Any]],
+    tuple[Any, dict[str, Any]],
+]
 
 
 def index_vectors(
@@ -61,7 +65,11 @@ def index_vectors(
         raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
     binary = binary_config(config, meta, int(parts[0][0].shape[1]))
     if binary is not None and build is not None:
-        raise PactlError("--engine ray builds float bundles; build a binary one without it")
+        raise PactlError(
+            "--engine ray fills float IVF or Flat lists shard by shard; binary codes are built "
+            "here (their rotation is learned and measured on all the vectors at once): drop "
+            "--engine ray, or give --no-binary"
+        )
     out = out or default_bundle_dir(meta.get("checkpoint"))
     check_apart(vectors_dir, out)
     check_replaceable(out, BUNDLE_FORMAT, BUNDLE_FILES)
@@ -84,7 +92,7 @@ def index_vectors(
         if binary is not None:  # codes, rescored from a float copy in the bundle
             index, tuning = build_binary(shards, binary, reporter, gen, items.positions)
         elif build is not None:
-            index, tuning = build(vectors_dir, shards, config, reporter, gen)
+            index, tuning = build(vectors_dir, shards, config, reporter, gen, items.positions)
         else:
             index, tuning = build_float(shards, config, reporter, gen, items.positions)
         if gone:
@@ -102,6 +110,56 @@ def index_vectors(
         write_bundle(gen, index, items, bundle_meta, deleted=dead, removed=removed)
     bundle_meta["count"] = len(items) - (len(dead) if dead is not None else 0)
     return out, bundle_meta
+
+
+def index_set(
+    vectors_dir: Path,
+    out: Path | None,
+    config: IndexConfig,
+    reporter: Reporter,
+    shard_items: int | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """`pactl index VECTORS --keep-shards`: a bundle set (pactl.index.sets), one shard bundle
+    per shard of the vectors folder, each cut into bundles of `shard_items` rows where given;
+    returns (set folder, its meta.json). The set is written whole or not at all, over a set
+    of the same folder or none."""
+    from pactl.index import SET_FILES, SET_FORMAT, build_set
+    from pactl.store.generations import check_replaceable
+
+    parts, meta = read_parts(vectors_dir)
+    if meta["count"] == 0:
+        raise PactlError(f"{vectors_dir} holds no vectors (every image was skipped?)")
+    if binary_config(config, meta, int(parts[0][0].shape[1])) is not None:
+        raise PactlError(
+            "a bundle set holds float bundles: give --no-binary (and a float --factory), or "
+            "build a binary bundle without --keep-shards"
+        )
+    if config.on_disk == "yes":
+        raise PactlError("--on-disk yes merges one bundle's lists; a set keeps one per shard")
+    out = out or default_bundle_dir(meta.get("checkpoint"))
+    check_apart(vectors_dir, out)
+    check_replaceable(out, SET_FORMAT, SET_FILES)
+    if shard_items is not None:
+        parts = cut_parts(parts, shard_items)
+    common = {k: meta[k] for k in ("dimension", "metric", "checkpoint", "fingerprint")}
+    common |= {
+        "checkpoint_relative": _relative(meta.get("checkpoint"), out),
+        "model_config": meta["model_config"],
+        "vectors": str(vectors_dir.resolve()),
+        "calibration": calibration_to_copy(meta, reporter),
+    }
+    return out, build_set(parts, out, config, reporter, common)
+
+
+def cut_parts(parts: list[Any], most: int) -> list[Any]:
+    """Each part cut into pieces of at most `most` rows, in order (views of its vectors)."""
+    if most < 1:
+        raise PactlError(f"--shard-items {most}: give at least 1")
+    return [
+        (vectors[start : start + most], table.take(np.arange(start, min(start + most, len(table)))))
+        for vectors, table in parts
+        for start in range(0, len(table), most)
+    ]
 
 
 def build_float(

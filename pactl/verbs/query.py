@@ -69,9 +69,9 @@ def open_query_model(
     model other than the bundle's. A bundle that records no network (another tool's vectors)
     takes `checkpoint` (a file or a backbone's config) on the caller's word, of its dimension;
     without one, `who` says in one line that it cannot embed images, and `instead` what can."""
-    from pactl.index import load_bundle
+    from pactl.index import load_bundle_or_set
 
-    bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
+    bundle = load_bundle_or_set(bundle_dir, faiss_device=faiss_device)
     return with_network(bundle, bundle_dir, checkpoint, device_name, who, instead)
 
 
@@ -198,10 +198,10 @@ def vector_chunks(
     images: no network is loaded, so a bundle of another tool's vectors answers too; a query's
     name is its row number, as Index.search names it."""
     from pactl.arguments import unit_queries
-    from pactl.index import load_bundle
+    from pactl.index import load_bundle_or_set
     from pactl.index.search import hits, rescored, search
 
-    bundle = load_bundle(bundle_dir, faiss_device=faiss_device)
+    bundle = load_bundle_or_set(bundle_dir, faiss_device=faiss_device)
     rescored(bundle.index, rescore)
     x = unit_queries(vectors, int(bundle.index.d))  # as Index.search takes them
     if not len(x):
