@@ -3,6 +3,7 @@ the likeness of copies, shifted grey levels and distinct pictures by hand."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -194,3 +195,36 @@ def test_shapes_that_differ_only_in_colour_are_not_copies(tmp_path: Any) -> None
     assert copied > 1 - 10 / 255
     for other in (blue, grey_twin):
         assert likeness(working(red), working(other), WHOLE) < 1 - 60 / 255 < copied
+
+
+def test_thumbnails_decode_each_photo_once_at_draft_size(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three 640 x 480 JPEGs read for their thumbnails (and the image checks, from the same
+    decode): each file decoded once, by libjpeg at a quarter of its size (160 x 120, the least
+    draft scale that keeps both sides at or above the 64 px base), not in full."""
+    from PIL import Image, ImageFile
+
+    from pactl.audit.thumbnails import read_pictures
+
+    paths = []
+    for i in range(3):
+        picture(20 + i).convert("RGB").resize((640, 480)).save(tmp_path / f"{i}.jpg")
+        paths.append(str(tmp_path / f"{i}.jpg"))
+    decoded: list[tuple[str, tuple[int, int]]] = []
+    load = ImageFile.ImageFile.load
+
+    def counted(self: Image.Image) -> Any:
+        decoding = bool(getattr(self, "tile", None))
+        name = getattr(getattr(self, "fp", None), "name", "")
+        if isinstance(name, int):  # pactl opens images by descriptor (never a FIFO)
+            name = os.readlink(f"/proc/self/fd/{name}")
+        pixels = load(self)  # type: ignore[arg-type]
+        if decoding:
+            decoded.append((str(name), self.size))
+        return pixels
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", counted)
+    pictures = read_pictures(paths)
+    assert pictures.read.all()
+    assert sorted(decoded) == [(p, (160, 120)) for p in paths]
