@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 CHUNK = 65_536  # rows drawn at a time: memory of one chunk, whatever n
+INTRINSIC_NOISE = 0.1  # norm of the full-rank noise on a unit item of low intrinsic dimension
 
 REAL_ROOT = Path(os.environ.get("PACTL_REAL", "/tmp/pactl-real"))
 # the command that makes each real set under ROOT (tools/real_sets.py, tools/lite0_weights.py)
@@ -45,30 +47,53 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 
 class Mixture:
-    """The two-level clustered distribution of the module docstring."""
+    """The two-level clustered distribution of the module docstring. With `intrinsic` D, the
+    kinds, classes and items are drawn in D dimensions and set in `dim` by a seeded orthonormal
+    map, with a little isotropic noise on top (INTRINSIC_NOISE): data of low intrinsic
+    dimension, as image embeddings are, in place of a full-rank cloud."""
 
-    def __init__(self, n: int, dim: int, rng: np.random.Generator) -> None:
+    def __init__(
+        self, n: int, dim: int, rng: np.random.Generator, intrinsic: int | None = None
+    ) -> None:
+        space = intrinsic or dim
         kinds = max(1, n // 1000)
         classes = max(1, n // 50)
-        kind_centres = unit(rng.standard_normal((kinds, dim), dtype=np.float32))
+        kind_centres = unit(rng.standard_normal((kinds, space), dtype=np.float32))
         parent = rng.integers(0, kinds, classes)
-        jitter = 0.5 * rng.standard_normal((classes, dim), dtype=np.float32) / math.sqrt(dim)
+        jitter = 0.5 * rng.standard_normal((classes, space), dtype=np.float32) / math.sqrt(space)
         self.centres = unit(kind_centres[parent] + jitter).astype(np.float32)
         weights = rng.lognormal(0.0, 1.0, classes)
         self.p = weights / weights.sum()
         self.spread = rng.uniform(0.8, 1.5, classes).astype(np.float32)
-        self.dim = dim
+        self.dim, self.space = dim, space
+        self.basis = None
+        if intrinsic:  # rows: an orthonormal basis of a random D-dimensional subspace
+            q, _ = np.linalg.qr(rng.standard_normal((dim, intrinsic)))
+            self.basis = np.ascontiguousarray(q.T, dtype=np.float32)
 
     def draw(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(n, dim) float32 unit vectors and their class ids, made a chunk at a time."""
         out = np.empty((n, self.dim), dtype=np.float32)
+        labels = np.empty(n, dtype=np.int32)
+        for start, c, x in self.chunks(n, rng):
+            out[start : start + len(c)], labels[start : start + len(c)] = x, c
+        return out, labels
+
+    def chunks(
+        self, n: int, rng: np.random.Generator
+    ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(first row, class ids, float32 unit vectors) of n items, CHUNK rows at a time: the
+        same items as draw(n) for the same generator state, never all in memory at once."""
         labels = rng.choice(len(self.centres), size=n, p=self.p).astype(np.int32)
         for start in range(0, n, CHUNK):
             c = labels[start : start + CHUNK]
-            noise = rng.standard_normal((len(c), self.dim), dtype=np.float32)
-            scale = self.spread[c, None] / np.float32(math.sqrt(self.dim))
-            out[start : start + len(c)] = unit(self.centres[c] + noise * scale)
-        return out, labels
+            noise = rng.standard_normal((len(c), self.space), dtype=np.float32)
+            scale = self.spread[c, None] / np.float32(math.sqrt(self.space))
+            x = unit(self.centres[c] + noise * scale)
+            if self.basis is not None:
+                off = rng.standard_normal((len(c), self.dim), dtype=np.float32)
+                x = unit(x @ self.basis + off * np.float32(INTRINSIC_NOISE / math.sqrt(self.dim)))
+            yield start, c, x.astype(np.float32, copy=False)
 
 
 def around(
