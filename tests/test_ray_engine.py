@@ -133,7 +133,8 @@ def search_all(bundle: Path, queries: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 @pytest.mark.parametrize(
-    ("factory", "on_disk"), [("IVF32,Flat", "no"), ("IVF32,Flat", "yes"), ("Flat", "no")]
+    ("factory", "on_disk"),
+    [("IVF32,Flat", "no"), ("IVF32,Flat", "yes"), ("Flat", "no"), ("IVF32,PQ4x4", "no")],
 )
 def test_an_index_built_on_ray_equals_a_serial_build(
     address: str,
@@ -151,9 +152,15 @@ def test_an_index_built_on_ray_equals_a_serial_build(
     _, there = index_vectors(tmp_path / "v", tmp_path / "there", config, QUIET, build=build)
     assert (tmp_path / "struck").exists() == (on_disk == "yes")
     assert there["engine"] == "ray" and there["shards"] == 3
-    for key in ("factory", "search_params", "recall_at_10", "ntotal", "train_points"):
-        assert there[key] == here[key], key
+    for key in ("factory", "search_params", "recall_at_10", "ntotal", "train_points", "rescore"):
+        assert there.get(key) == here.get(key), key
     assert there["on_disk"] == (on_disk == "yes")
+    # lossy codes keep the float copy they are rescored from, as a build here keeps it
+    floats = [tmp_path / name / "floats.npy" for name in ("here", "there")]
+    assert floats[1].is_file() == floats[0].is_file() == ("PQ" in factory)
+    assert ("rescore" in there) == ("PQ" in factory)
+    if "PQ" in factory:
+        np.testing.assert_array_equal(np.load(floats[1]), x)
     queries = x[::97]
     found_here, found_there = (
         search_all(tmp_path / "here", queries),
@@ -247,6 +254,9 @@ def test_bad_input_is_one_line_before_any_work(
         [*index, "--memory-budget", "1e-9", "--factory", "HNSW32"], monkeypatch, capsys
     )
     assert code != 0 and "cannot do (a graph" in one_error(err)
+    assert "cannot be filled shard by shard" in one_error(err)
+    code, _, err = run_cli([*index, "--binary"], monkeypatch, capsys)
+    assert code != 0 and "binary codes are built here" in one_error(err)
     code, _, err = run_cli([*index, "--memory-budget", "1e-6"], monkeypatch, capsys)
     assert code != 0 and "do not fit in 1e-06 GB" in one_error(err)
     assert not (tmp_path / "b").exists()

@@ -1,8 +1,10 @@
 """`pactl index --engine ray`: the driver trains the index once (the same seeded sample as a
 build here), then one Ray task per shard fills a copy of the trained empty index with its shard
 and finds its shard's exact neighbours of the tuning queries; the driver merges the shards'
-lists (on disk into index.ivfdata, or in memory) and tunes on the union with the true
-neighbours merged by score. Same seed, same index and search setting as a build here."""
+lists (on disk into index.ivfdata, or in memory), keeps the float copy that lossy codes are
+rescored from (floats.npy, in memory builds, as a build here keeps it) and tunes on the union
+with the true neighbours merged by score. Same seed, same index, rescoring depth and search
+setting as a build here."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import functools
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from pactl.index.exact import merge_neighbours, part_neighbours
 from pactl.index.gpus import faiss_gpus
 from pactl.index.mapped import Part, read_rows
 from pactl.index.ondisk import MERGE_DIR, PENDING_IVFDATA, merge_lists, wants_on_disk
+from pactl.index.rescoring import FLOATS_FILE, RescoredIndex, lossy, place_floats
 from pactl.index.tune import RECALL_K, tune_search, tuning_rows
 
 MIN_PIECE_ROWS = 1_000  # a single vectors file is cut into pieces of at least this many rows
@@ -44,13 +47,17 @@ def build_on_ray(
     config: IndexConfig,
     reporter: Reporter,
     bundle_dir: Path,
+    positions: Callable[[np.ndarray], np.ndarray] | None = None,
+    *,
     engine: EngineConfig,
     seed: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
     """Train here, fill one shard per Ray task, merge, tune (the module's docstring). `parts`
     are the (vectors, ids) of `vectors_dir` as index_vectors read them (ids kept by a rebuild
     included); the tasks read their rows from `vectors_dir` themselves (a shared filesystem
-    on a cluster). Returns the index and the record meta.json keeps."""
+    on a cluster). With `positions` (item ids -> rows of the item table), lossy codes built in
+    memory are rescored from floats.npy in `bundle_dir` unless config.rescore is 0, as
+    pactl.index.build.build_parts does. Returns the index and the record meta.json keeps."""
     n, dim = check_parts(parts)
     factory = config.factory or choose_factory(n, dim, config.memory_budget_gb)
     started = time.perf_counter()
@@ -75,6 +82,9 @@ def build_on_ray(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     truth = merge_neighbours(found, own, k) if k >= 1 else None
+    if positions is not None and not on_disk and config.rescore != 0 and lossy(index):
+        floats = place_floats(parts, bundle_dir / FLOATS_FILE, reporter)
+        index = RescoredIndex(index, floats, positions, config.rescore or 1)
 
     def exact(asked: np.ndarray, asked_own: np.ndarray, asked_k: int) -> np.ndarray:
         if truth is None or asked_k != k or not np.array_equal(asked_own, own):
@@ -83,7 +93,7 @@ def build_on_ray(
 
     tuning = tune_search(
         index, parts, config.target_recall, rng, reporter,
-        query_budget_ms=config.query_budget_ms, exact=exact,
+        query_budget_ms=config.query_budget_ms, depth=config.rescore, exact=exact,
     )  # fmt: skip
     seconds = time.perf_counter() - started
     reporter.log(
@@ -105,9 +115,7 @@ def check_mergeable(index: Any, factory: str, on_disk: bool) -> None:
     """Shards filled apart join only where an index is plain lists or plain codes: an IVF
     (not fast-scan, nor with data beside its lists), or a flat index with an id map; and only an
     IVF's lists merge on disk."""
-    inner = faiss.downcast_index(index)
-    while isinstance(inner, faiss.IndexPreTransform):
-        inner = faiss.downcast_index(inner.index)
+    inner = unwrapped(index)
     special = isinstance(inner, faiss.IndexIVFPQR | faiss.IndexIVFFastScan)
     ivf = isinstance(inner, faiss.IndexIVF) and not special
     codes = isinstance(inner, faiss.IndexIDMap) and isinstance(
@@ -120,10 +128,34 @@ def check_mergeable(index: Any, factory: str, on_disk: bool) -> None:
         )
     if not (ivf or codes):
         raise PactlError(
-            f"--engine ray fills shards apart and merges them, which {factory!r} cannot do (a "
-            "graph or a fast-scan index is built whole): give an IVF or Flat --factory, or "
-            "build without --engine ray"
+            f"--engine ray fills shards apart and merges them, which {factory!r} cannot do "
+            f"({unmergeable_reason(inner)}): give an IVF or Flat --factory, or build without "
+            "--engine ray"
         )
+
+
+def unwrapped(index: Any) -> Any:
+    """The index under its pre-transforms (the id map, if any, kept)."""
+    inner = faiss.downcast_index(index)
+    while isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    return inner
+
+
+def unmergeable_reason(inner: Any) -> str:
+    """Why FAISS cannot join this kind's shards, in words."""
+    mapped = faiss.downcast_index(inner.index) if isinstance(inner, faiss.IndexIDMap) else inner
+    under = unwrapped(mapped)
+    if isinstance(under, faiss.IndexHNSW | faiss.IndexNSG):
+        return (
+            "a graph links each vector to its neighbours in every shard, so it cannot be filled "
+            "shard by shard"
+        )
+    if isinstance(under, faiss.IndexIVFFastScan | faiss.IndexIVFPQR):
+        return "a fast-scan or IVFPQR index keeps its codes in a form FAISS does not merge"
+    if isinstance(mapped, faiss.IndexPreTransform):
+        return "FAISS merges no pre-transform over flat codes; PCA...,IVF...,Flat merges"
+    return "FAISS merges only inverted lists and plain flat codes"
 
 
 def pieces_of(parts: Sequence[Part], wanted: int) -> list[Piece]:
