@@ -27,8 +27,8 @@ from pactl.cli.options import (
     to_stdout,
     writing,
 )
-from pactl.config import TRAIN_RULES, IndexConfig, ModelConfig, check, option_name
-from pactl.console import out
+from pactl.config import TRAIN_RULES, IndexConfig, ModelConfig, QdrantConfig, check, option_name
+from pactl.console import Reporter, out
 from pactl.errors import UsageError
 from pactl.store.home import runs_dir
 
@@ -101,6 +101,18 @@ def eval_(
             "unless given, its network: implies --binary.",
         ),
     ] = None,
+    qdrant: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL|PATH",
+            help="Also the recall@10 of this Qdrant server's or local-mode folder's search "
+            "(`pactl export --to qdrant`, as tuned there) against exact search over the "
+            "vectors it holds, and its ms a query (qdrant_*).",
+        ),
+    ] = None,
+    collection: Annotated[
+        str, typer.Option(help="With --qdrant: the collection.")
+    ] = QdrantConfig.collection,
     workers: Workers = 0,
     device: Device = "auto",
     follow_links: FollowLinks = False,
@@ -118,13 +130,16 @@ def eval_(
       pactl eval --calibrate --precision 0.995   # same-item threshold
       pactl eval fonts --binary --bits 64        # + 64-bit codes, and rescored
       pactl eval fonts --index runs/<run>/codes  # a binary bundle's codes
+      pactl eval fonts --qdrant qdrant-local/    # + the Qdrant search's recall
     """
     from pactl.runs import latest_run, resumed_configs
-    from pactl.verbs.evaluate import default_ks, eval_checkpoint
+    from pactl.verbs.evaluate import default_ks, eval_checkpoint, eval_qdrant
 
     if source is not None:
         check_source(source)
     codes = codes_config(binary or index_dir is not None, bits, rotation, rescore)
+    if qdrant is None and collection != QdrantConfig.collection:
+        raise UsageError("--collection goes with --qdrant")
     if index_dir is not None and checkpoint is None and backbone is None:
         from pactl.verbs.evaluate import bundle_network
 
@@ -141,8 +156,10 @@ def eval_(
         raise UsageError("give the dataset, folder or CSV to evaluate on")
     check_option("--device", device, TRAIN_RULES["device"])
     if calibrate:
-        if report is not None or ks is not None or codes is not None:
-            raise UsageError("--calibrate writes no metrics: leave out --report, --ks, --binary")
+        if report is not None or ks is not None or codes is not None or qdrant is not None:
+            raise UsageError(
+                "--calibrate writes no metrics: leave out --report, --ks, --binary, --qdrant"
+            )
         check_option("--precision", precision, TRAIN_RULES["precision"])
         model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
         calibrate_to_stdout(source, model_from, precision, device, workers, quiet, follow_links)
@@ -154,6 +171,8 @@ def eval_(
     check_new_file(report, overwrite, "--report", inputs)  # after the usage errors: named first
     model_from = model_source(checkpoint, backbone, weights, image_size, resize_size)
     log = reporter(quiet)
+    # first: a missing collection is said before the network runs
+    searched = eval_qdrant(qdrant, collection, log) if qdrant is not None else {}
     if codes is not None:
         from pactl.verbs.evaluate import eval_codes
 
@@ -164,8 +183,18 @@ def eval_(
         metrics, network = eval_checkpoint(
             source, model_from, k_list, device, workers, log, follow_links
         )
+    metrics |= searched
     with writing(report):
         write_report(report, source, model_from, metrics)
+    print_metrics(source, network, metrics, log)
+    log.log(f"wrote {report}")
+
+
+def print_metrics(
+    source: str, network: ModelConfig, metrics: dict[str, float], log: Reporter
+) -> None:
+    """One row a metric on stdout, with the published figures of the same setting beside it
+    (their sources named on stderr)."""
     from pactl.research.published import SOURCES, published_cells, published_for
 
     found = published_for(source, network.backbone, network.embedding_dim, network.image_size)
@@ -175,7 +204,6 @@ def eval_(
     with to_stdout():
         for key, value in metrics.items():
             out.print("  ".join([f"{key:{width}s} {value:.4f}", *published_cells(key, found)]))
-    log.log(f"wrote {report}")
 
 
 def calibrate_to_stdout(

@@ -269,18 +269,12 @@ class QdrantSearch:
             raise PactlError(f"{target} has no Qdrant collection {collection!r}")
         ensure_collection(self.client, collection, dimension)
         self.collection, self.k = collection, k
-        metadata = self.client.get_collection(collection).config.metadata or {}
-        self.tuned: dict[str, Any] | None = metadata.get(METADATA_KEY)
-        # local mode always compares every point (and warns when asked to); a server is told
-        # the tuned search of the collection's metadata, else to search exactly
         self.remote = is_remote(target)
-        self.params = (search_params(self.tuned) or _exact()) if self.remote else None
+        self.tuned, self.params = tuned_search(self.client, collection, self.remote)
 
     def describe(self) -> str:
         """How the collection is searched, in words (for stderr)."""
-        if not self.remote:
-            return "Qdrant's local mode compares every point: an exact search"
-        return tuned_words(self.tuned)
+        return searched_as(self.tuned, self.remote)
 
     def __call__(
         self, names: list[str], vectors: np.ndarray, own: np.ndarray | None = None
@@ -313,7 +307,61 @@ class QdrantSearch:
         self.client.close()
 
 
-def _exact() -> Any:
+def tuned_search(client: Any, collection: str, remote: bool) -> tuple[dict[str, Any] | None, Any]:
+    """(the tuned record in the collection's metadata or None, the SearchParams to send): local
+    mode always compares every point (and warns when asked otherwise), so it is sent none; a
+    server is told the tuned search, else to search exactly."""
     from qdrant_client import models
 
-    return models.SearchParams(exact=True)
+    metadata = client.get_collection(collection).config.metadata or {}
+    tuned: dict[str, Any] | None = metadata.get(METADATA_KEY)
+    if not remote:
+        return tuned, None
+    return tuned, search_params(tuned) or models.SearchParams(exact=True)
+
+
+def searched_as(tuned: dict[str, Any] | None, remote: bool) -> str:
+    """How a collection is searched, in words (for stderr)."""
+    if not remote:
+        return "Qdrant's local mode compares every point: an exact search"
+    return tuned_words(tuned)
+
+
+def collection_points(client: Any, collection: str, batch: int = 1_024) -> tuple[Any, Any]:
+    """(ids int64, vectors float32 (n, d)) of every point of `collection`, in id order, read
+    `batch` points a request (all of them in memory: n x d floats)."""
+    ids: list[int] = []
+    rows: list[list[float]] = []
+    offset = None
+    while True:
+        points, offset = client.scroll(
+            collection, limit=batch, offset=offset, with_payload=False, with_vectors=True
+        )
+        ids += [int(p.id) for p in points]
+        rows += [p.vector for p in points]
+        if offset is None:
+            break
+    if not ids:
+        raise PactlError(f"Qdrant collection {collection!r} holds no points")
+    return np.asarray(ids, dtype=np.int64), np.asarray(rows, dtype=np.float32)
+
+
+def eval_collection(target: str, collection: str, reporter: Reporter = QUIET) -> dict[str, float]:
+    """`pactl eval --qdrant`: Recall@10 of `collection`'s search as `pactl query --qdrant`
+    searches it (the tuned hnsw_ef and oversampling of its metadata) against pactl's exact
+    neighbours over the vectors the collection holds, and its ms a query
+    (pactl.interop.qdrant_tuning.measure_search)."""
+    from pactl.interop.qdrant_tuning import measure_search
+
+    client = connect(target)
+    try:
+        if not client.collection_exists(collection):
+            raise PactlError(f"{target} has no Qdrant collection {collection!r}")
+        remote = is_remote(target)
+        tuned, params = tuned_search(client, collection, remote)
+        reporter.log(searched_as(tuned, remote))
+        ids, vectors = collection_points(client, collection)
+        reporter.log(f"measuring Qdrant's search of {collection!r} ({len(ids):,} points)")
+        return measure_search(client, collection, vectors, ids, params, np.random.default_rng(0))
+    finally:
+        client.close()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pactl.console import QUIET, Reporter
+from pactl.errors import PactlError
 from pactl.index.exact import exact_neighbours
 from pactl.index.mapped import read_rows
 from pactl.index.search import exclude_by_id
@@ -105,26 +106,60 @@ def searcher(
 ) -> Callable[[int, int], np.ndarray]:
     """(hnsw_ef, oversampling) -> the ids of each query's k hits from Qdrant, its own left out
     (-1 where fewer)."""
-    from qdrant_client import models
 
     def search(ef: int, oversampling: int) -> np.ndarray:
         tuned = {"hnsw_ef": ef, "oversampling": oversampling, "rescore": quantized}
         params = search_params(tuned) if send_params else None
-        scores = np.full((len(queries), k + 1), -np.inf, dtype=np.float32)
-        ids = np.full((len(queries), k + 1), -1, dtype=np.int64)
-        for start in range(0, len(queries), QUERY_BATCH):
-            requests = [
-                models.QueryRequest(query=row.tolist(), limit=k + 1, params=params)
-                for row in queries[start : start + QUERY_BATCH]
-            ]
-            answers = client.query_batch_points(collection, requests=requests)
-            for row, answer in enumerate(answers, start=start):
-                got = answer.points[: k + 1]
-                ids[row, : len(got)] = [int(p.id) for p in got]
-                scores[row, : len(got)] = [float(p.score) for p in got]
-        return exclude_by_id(scores, ids, own, k)[1]
+        return searched_ids(client, collection, queries, own, k, params)
 
     return search
+
+
+def searched_ids(
+    client: Any, collection: str, queries: np.ndarray, own: np.ndarray, k: int, params: Any
+) -> np.ndarray:
+    """The ids of each query's k hits from Qdrant searched with `params` (SearchParams, or None:
+    the collection's defaults), QUERY_BATCH queries a request, its own id left out (-1 where
+    fewer)."""
+    from qdrant_client import models
+
+    scores = np.full((len(queries), k + 1), -np.inf, dtype=np.float32)
+    ids = np.full((len(queries), k + 1), -1, dtype=np.int64)
+    for start in range(0, len(queries), QUERY_BATCH):
+        requests = [
+            models.QueryRequest(query=row.tolist(), limit=k + 1, params=params)
+            for row in queries[start : start + QUERY_BATCH]
+        ]
+        answers = client.query_batch_points(collection, requests=requests)
+        for row, answer in enumerate(answers, start=start):
+            got = answer.points[: k + 1]
+            ids[row, : len(got)] = [int(p.id) for p in got]
+            scores[row, : len(got)] = [float(p.score) for p in got]
+    return exclude_by_id(scores, ids, own, k)[1]
+
+
+def measure_search(
+    client: Any,
+    collection: str,
+    vectors: np.ndarray,
+    ids: np.ndarray,
+    params: Any,
+    rng: np.random.Generator,
+) -> dict[str, float]:
+    """Recall@10 of `collection`'s search with `params` against pactl's exact neighbours over
+    `vectors` (row i: point `ids[i]`, every point it holds), on a seeded sample of them as
+    queries, each one's own id left out (as the tuning measures it), and the ms a query
+    (QUERY_BATCH queries a request): `pactl eval --qdrant`'s figures."""
+    parts = [(np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(ids, dtype=np.int64))]
+    k = min(RECALL_K, len(ids) - 1)
+    if k < 1:
+        raise PactlError(f"Qdrant collection {collection!r} holds {len(ids)} points: too few")
+    queries, own = read_rows(parts, tuning_rows(len(ids), rng))
+    truth = exact_neighbours(parts, queries, own, k)
+    start = time.perf_counter()
+    found = searched_ids(client, collection, queries, own, k, params)
+    ms = 1000 * (time.perf_counter() - start) / len(queries)
+    return {f"qdrant_recall@{k}": ann_recall(found, truth), "qdrant_ms_per_query": ms}
 
 
 def search_params(tuned: dict[str, Any] | None) -> Any:

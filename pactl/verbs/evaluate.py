@@ -223,3 +223,12 @@ def bundle_network(bundle_dir: Path) -> Path:
             "--weights too"
         )
     return found
+
+
+def eval_qdrant(target: str, collection: str, reporter: Reporter) -> dict[str, float]:
+    """`pactl eval --qdrant`: the recall@10 of a Qdrant collection's search as it is tuned
+    against pactl's exact neighbours over its vectors, and its ms a query
+    (pactl.interop.qdrant.eval_collection)."""
+    from pactl.interop.qdrant import eval_collection
+
+    return eval_collection(target, collection, reporter)
