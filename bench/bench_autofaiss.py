@@ -14,10 +14,11 @@ Each build is its own fresh process (bench.harness.run_fresh: wall time and its 
       numpy), with max_index_memory_usage set to pactl's memory budget
       (IndexConfig.memory_budget_gb, 8 GB) and current_memory_available to --available (16G;
       autofaiss refuses to build when it is not above the index budget), metric ip.
-Then both indexes are loaded here with faiss.read_index, each set to the search parameters its
-tool chose (pactl's meta.json `search_params`, autofaiss's index_infos `index_param`), and searched
-the same way: Recall@10 against exact search (IndexFlatIP), batched latency (fastest of
---repeats passes after a warm-up) and one query at a time (mean over --single queries).
+Then both are loaded here, pactl's bundle as `pactl query` searches it (pactl.index.search: its
+tuned setting, rescoring where its codes are lossy) and autofaiss's index with faiss.read_index
+set to the search parameters it chose (index_infos `index_param`), and measured the same way:
+Recall@10 against exact search (IndexFlatIP), batched latency (fastest of --repeats passes after
+a warm-up) and one query at a time (mean over --single queries).
 
 Needs pactl[parquet] here (pyarrow writes the metadata) and GNU time at /usr/bin/time. Setup of
 the autofaiss environment (never the project's):
@@ -142,16 +143,29 @@ def measure(
     """Load the index with faiss, set its tool's search parameters, and time it."""
     import faiss
 
-    index = faiss.read_index(str(built["path"]))
-    if built["params"]:
-        faiss.ParameterSpace().set_index_parameters(index, built["params"])
+    if built["path"].name == "index.faiss":  # pactl's bundle, searched as pactl searches it
+        from pactl.index import load_bundle
+        from pactl.index.search import search as bundle_search
+
+        bundle = load_bundle(built["path"].parent, mmap=True)
+
+        def run(q: np.ndarray) -> Any:
+            return bundle_search(bundle, q, K)
+    else:
+        index = faiss.read_index(str(built["path"]))
+        if built["params"]:
+            faiss.ParameterSpace().set_index_parameters(index, built["params"])
+
+        def run(q: np.ndarray) -> Any:
+            return index.search(q, K)
+
     built["index_gib"] = built["path"].stat().st_size / 2**30
-    seconds, (_, found) = fastest(args.repeats, lambda: index.search(queries, K))
+    seconds, (_, found) = fastest(args.repeats, lambda: run(queries))
     built["batched_ms"] = 1e3 * seconds / len(queries)
     count = min(args.single, len(queries))
     start = time.perf_counter()
     for i in range(count):
-        index.search(queries[i : i + 1], K)
+        run(queries[i : i + 1])
     built["single_ms"] = 1e3 * (time.perf_counter() - start) / count
     built["recall"] = recall_at_10(found, truth)
 
