@@ -328,8 +328,8 @@ def shortfall_words(choice: Choice, target: float, budget_ms: float) -> str:
     )
     return (
         f"{head}: limited by the codes{held}; rescoring by cosine reaches it (pactl index "
-        "without --rescore 0 keeps the float vectors for it), as do exact codes (--factory "
-        "...,Flat)"
+        "without --rescore 0 keeps the float vectors for it), as do exact codes with no "
+        "reducing transform before them (--factory IVF<lists>,Flat)"
     )
 
 
