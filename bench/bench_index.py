@@ -11,6 +11,11 @@ Run from the repository root:
   python -m bench index                      # 1,000,000 x 512, 1,000 queries
   python -m bench index --quick              # 100,000 x 128, 200 queries
   python -m bench index --n 300000 --dim 256
+  python -m bench index --n 10000000 --workdir /big   # on disk: 20 GB of vectors + 20 GB floats
+  python -m bench index --intrinsic 32                # the mixture drawn in 32 dimensions
+Past 4 GiB of vectors (or with --on-disk) the set is written to --workdir a chunk at a time, the
+exact neighbours are found reading it back a block at a time, and the bundle is built from it as
+`pactl index` builds one: the set is never held in this process's memory.
 Results go to stdout, progress to stderr.
 """
 
