@@ -228,3 +228,35 @@ def test_thumbnails_decode_each_photo_once_at_draft_size(
     pictures = read_pictures(paths)
     assert pictures.read.all()
     assert sorted(decoded) == [(p, (160, 120)) for p in paths]
+
+
+def test_sizes_tried_coarse_then_fine_keep_the_exhaustive_likeness(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twelve crops (80 to 95% of each side) of 64 px pictures, resized and saved as JPEG,
+    aligned on the box they were cut from and on the whole image: sizes tried every STEP
+    pixels, then around the best, give the likeness every size gives (STEP 1: all of them)
+    within 0.005 (docs/benchmarks/audit.md: 4 of 200 planted photo copies moved, by at most
+    0.0042), and an uncropped copy's exactly."""
+    from PIL import Image
+
+    from pactl.audit import alignment
+
+    rng = np.random.default_rng(7)
+    cases = []
+    for i in range(12):
+        image = picture(40 + i, side=64)
+        kw, kh = rng.uniform(0.8, 0.95, size=2)
+        w, h = round(64 * kw), round(64 * kh)
+        x, y = int(rng.integers(0, 64 - w + 1)), int(rng.integers(0, 64 - h + 1))
+        copy = image.crop((x, y, x + w, y + h)).resize((48, 40), Image.Resampling.BICUBIC)
+        copy.save(tmp_path / f"{i}.jpg", quality=50)
+        copy = Image.open(tmp_path / f"{i}.jpg").convert("L")
+        cases.append((image, copy, (x / 64, y / 64, (x + w) / 64, (y + h) / 64)))
+        cases.append((image, image.resize((40, 40), Image.Resampling.BICUBIC), WHOLE))
+    coarse = [likeness(a, b, box) for a, b, box in cases]
+    monkeypatch.setattr(alignment, "STEP", 1)
+    every = [likeness(a, b, box) for a, b, box in cases]
+    assert np.abs(np.subtract(coarse, every)).max() <= 0.005
+    assert coarse[1::2] == every[1::2]
+    assert min(every[0::2]) > 0.97  # the crops are copies: there is a best size to find

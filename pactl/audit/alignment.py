@@ -32,6 +32,10 @@ BLUR_PIXELS = 1.2
 MARGIN = 2.0  # the template's edge left out, in blurs
 REACH = 0.1  # box sizes tried each side of the proposed one, as a share of the side
 LEAST = 0.7  # the smallest box tried, as a share of each side
+# box sides tried first every STEP pixels, then each one within STEP of the best of those: a third
+# of the sizes, and the same best but for a copy's likeness down by at most 0.005 (4 of 200 planted
+# photo copies; docs/benchmarks/audit.md)
+STEP = 2
 
 
 def working(image: Any) -> Any:
@@ -103,30 +107,55 @@ class Scene:
 def likeness(original: Any, copy: Any, box: Box) -> float:
     """1 - RMS/255 over the colour channels of `copy` placed on a box of `original` (PIL images
     at working size, grey or colour) whose sides are within REACH of `box`'s, at the size and
-    offset where their grey levels differ least."""
-    from PIL import Image
-
-    grey_original, grey_copy = original.convert("L"), copy.convert("L")
-    width, height = original.size
-    cw, ch = copy.size
-    sizes = [
-        (w, h) for w in around(box[2] - box[0], width) for h in around(box[3] - box[1], height)
-    ]
-    best: tuple[float, int, int, int, int] | None = None  # rms, w, h, y, x
-    seen: dict[float, Scene] = {}
-    for w, h in sizes:
-        sigma, margin = blur_of(w, h, cw, ch)
-        if min(w, h) - 2 * margin < 2:
-            continue
-        if sigma not in seen:
-            seen[sigma] = Scene.of(blurred(grey_original, sigma))
-        placed = blurred(grey_copy.resize((w, h), Image.Resampling.BICUBIC), sigma)
-        found = seen[sigma].place(placed[margin : h - margin, margin : w - margin])
-        if best is None or found[0] < best[0]:
-            best = (found[0], w, h, found[1], found[2])
+    offset where their grey levels differ least: sizes tried every STEP pixels a side first,
+    then every size within STEP of the best of those."""
+    search = SizeSearch(original.convert("L"), copy.convert("L"))
+    widths = around(box[2] - box[0], original.size[0])
+    heights = around(box[3] - box[1], original.size[1])
+    best = search.best(coarse(widths), coarse(heights))
     if best is None:
         return 0.0
+    near_w = range(max(best[1] - STEP + 1, widths.start), min(best[1] + STEP, widths.stop))
+    near_h = range(max(best[2] - STEP + 1, heights.start), min(best[2] + STEP, heights.stop))
+    best = search.best(near_w, near_h) or best
     return max(0.0, 1.0 - colour_rms(original, copy, *best[1:]) / 255.0)
+
+
+def coarse(sides: range) -> list[int]:
+    """Every STEP-th side from the first, and the last (an uncropped copy's own side)."""
+    return sorted({*sides[::STEP], *sides[-1:]})
+
+
+class SizeSearch:
+    """The grey copy placed on the grey original at box sizes w x h, each size once."""
+
+    def __init__(self, original: Any, copy: Any) -> None:
+        self.original, self.copy = original, copy
+        self.scenes: dict[float, Scene] = {}  # the original blurred, by blur
+        self.tried: dict[tuple[int, int], tuple[float, int, int, int, int] | None] = {}
+
+    def best(
+        self, widths: Sequence[int], heights: Sequence[int]
+    ) -> tuple[float, int, int, int, int] | None:
+        """(rms, w, h, y, x) of the least RMS among these sizes (the first of ties, by w then
+        h, as an exhaustive search takes it); None where none leaves a template to place."""
+        found = [self.at(w, h) for w in widths for h in heights]
+        return min((f for f in found if f is not None), default=None)
+
+    def at(self, w: int, h: int) -> tuple[float, int, int, int, int] | None:
+        from PIL import Image
+
+        if (w, h) not in self.tried:
+            sigma, margin = blur_of(w, h, *self.copy.size)
+            if min(w, h) - 2 * margin < 2:
+                self.tried[w, h] = None
+                return None
+            if sigma not in self.scenes:
+                self.scenes[sigma] = Scene.of(blurred(self.original, sigma))
+            placed = blurred(self.copy.resize((w, h), Image.Resampling.BICUBIC), sigma)
+            rms, y, x = self.scenes[sigma].place(placed[margin : h - margin, margin : w - margin])
+            self.tried[w, h] = (rms, w, h, y, x)
+        return self.tried[w, h]
 
 
 def blur_of(w: int, h: int, cw: int, ch: int) -> tuple[float, int]:
