@@ -78,6 +78,9 @@ BENCHES = {
     "sweep": Bench("bench_sweep", "a sweep point's overhead outside training", None, REAL),
     "real": Bench("bench_real", "learning on real images, each way", ("--quick",), REAL),
     "audit": Bench("bench_audit", "noisy labels and copies: audit beside cleanlab", None, REAL),
+    "audit_quality": Bench("bench_audit_quality", "planted wrong labels over seeds and noises, "
+                           "beside cleanlab", ("--sets", "fonts28", "--seeds", "0", "--once", "",
+                           "--epochs", "1", "--work", "/tmp/pactl-quality-quick"), REAL),
     "noise": Bench("bench_noise", "the noisy-label study's tables from its runs", None,
                    "the runs of the noisy-label study"),
     "wallpapers": Bench("bench_wallpapers", "same-item groups on Debian's wallpapers copied", None,
@@ -90,7 +93,7 @@ def listing() -> str:
     for name, bench in BENCHES.items():
         quick = "--quick" if bench.quick is not None else "       "
         needs = f"  [needs {bench.needs}]" if bench.needs else ""
-        lines.append(f"  {name:<11} {quick}  {bench.what}{needs}")
+        lines.append(f"  {name:<13} {quick}  {bench.what}{needs}")
     return "\n".join(lines)
 
 
