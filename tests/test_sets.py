@@ -299,3 +299,71 @@ def test_overlapping_shards_are_refused(
     meta["search_params"] = "nprobe=16"  # edited without sealing it again
     (gen / "meta.json").write_text(json.dumps(meta))
     assert "damaged or was edited" in refused(copied_set, monkeypatch, capsys, tmp_path)
+
+
+SET_FIX = "rebuild the set with `pactl index VECTORS --keep-shards`"
+
+
+def test_a_shard_damaged_in_place_is_refused_with_the_sets_advice(
+    copied_set: Path, tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """A byte of a shard's index.faiss changed, its size kept: `pactl index --verify SET` names
+    the shard in one line and says to rebuild the set (a shard rebuilt alone would be trained
+    apart from the others)."""
+    index_file = current_dir(copied_set / SHARD_1) / "index.faiss"
+    data = bytearray(index_file.read_bytes())
+    data[-8] ^= 0xFF
+    index_file.write_bytes(bytes(data))
+    code, out, err = run_cli(["index", "--verify", str(copied_set)], monkeypatch, capsys)
+    line = one_error(err)
+    assert code != 0 and out == ""
+    assert f"shard bundle {SHARD_1} is damaged" in line and "checksum" in line, line
+    assert line.endswith(SET_FIX) and "rebuild the bundle" not in line, line
+
+
+def test_a_shard_changed_after_the_set_was_written_is_refused(
+    copied_set: Path, tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    """pactl changes no shard bundle alone: --delete, --compact and --add on one say to rebuild
+    the set, and the set answers on. A shard changed anyway (its meta.json sealed again with
+    another setting, as another writer might) makes the set refuse to answer, in one line."""
+    shard = str(copied_set / SHARD_1)
+    np.save(tmp_path / "q.npy", np.eye(1, DIM, dtype=np.float32))
+    query = ["query", "--vectors", str(tmp_path / "q.npy"), "--index", str(copied_set)]
+    before = run_cli(query, monkeypatch, capsys)
+    assert before[0] == 0, before[2]
+    (tmp_path / "new").mkdir()
+    for args in (["--delete", "700"], ["--compact"], [str(tmp_path / "new"), "--add"]):
+        code, out, err = run_cli(["index", *args, shard], monkeypatch, capsys)
+        assert code != 0 and out == ""
+        line = one_error(err)
+        assert "is a shard bundle of a bundle set" in line and SET_FIX in line, line
+    assert run_cli(query, monkeypatch, capsys) == before
+    gen = current_dir(copied_set / SHARD_1)
+    meta = json.loads((gen / "meta.json").read_text())
+    meta["search_params"] = "nprobe=16"
+    del meta["checksums"]["meta"]
+    (gen / "meta.json").write_text(json.dumps(checksums.seal(meta)))
+    line = refused(copied_set, monkeypatch, capsys, tmp_path)
+    assert f"shard bundle {SHARD_1} changed since the set was made" in line and SET_FIX in line
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--engine", "ray"], "none writes a shard bundle; build the set here"),
+        (["--compact"], "--compact does not go with --keep-shards"),
+        (["--factory", "HNSW32"], "an HNSW graph is built anew per shard"),
+        (["--binary"], "a bundle set holds float bundles"),
+        (["--on-disk", "yes"], "a set keeps one per shard"),
+    ],
+)
+def test_what_a_set_is_not_built_with_is_one_line(
+    ivf_set: Any, tmp_path: Path, monkeypatch: Any, capsys: Any, extra: list[str], said: str
+) -> None:
+    root, _ = ivf_set
+    out = tmp_path / "never"
+    args = ["index", str(root / "vectors"), "--keep-shards", "--out", str(out), *extra]
+    code, printed, err = run_cli(args, monkeypatch, capsys)
+    assert code != 0 and printed == "" and said in one_error(err)
+    assert not out.exists()

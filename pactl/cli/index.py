@@ -329,7 +329,8 @@ def index_set_only(
     from pactl.verbs.index import index_set
 
     for flag in [flag for flag, on in apart.items() if on]:
-        raise UsageError(f"{flag} does not go with --keep-shards, which builds a bundle set")
+        why = f": {SET_APART[flag]}" if flag in SET_APART else ""
+        raise UsageError(f"{flag} does not go with --keep-shards, which builds a bundle set{why}")
     if source is None or not is_vectors_folder(Path(source)):
         raise UsageError(
             "--keep-shards makes a bundle set of an embed folder's shards: embed the images "
@@ -345,6 +346,10 @@ def index_set_only(
         out.print(literal(line))
 
 
+SET_APART = {  # why an option does not go with --keep-shards, where its name does not say
+    "--engine ray": "Ray's index tasks fill the lists of one bundle, merged here, and none "
+    "writes a shard bundle; build the set here from the Ray-embedded shards: drop --engine ray",
+}
 RAY_INDEXES = (
     "--engine ray builds a bundle from an embed folder: embed the images first (`pactl embed "
     "IMAGES --engine ray --out VECTORS`), then `pactl index VECTORS --engine ray`"

@@ -70,7 +70,7 @@ from pactl.index.sets import (
     verify_bundle_or_set,
 )
 from pactl.index.tune import ann_recall, tune_search
-from pactl.index.upkeep import add_to_bundle, compact_bundle, delete_items
+from pactl.index.upkeep import add_to_bundle, compact_bundle, delete_items, refuse_set_shard
 from pactl.index.verify import UNSEALED, verify_bundle
 from pactl.store.item_table import ITEMS_HEADER, ItemTable
 from pactl.store.vectors_folder import VECTORS_FORMAT
@@ -115,6 +115,7 @@ __all__ = [
     "is_bundle_set",
     "build_set",
     "verify_bundle_or_set",
+    "refuse_set_shard",
     "SET_FILES",
     "SET_FORMAT",
     "new_index",

@@ -58,6 +58,7 @@ SHARDS_DIR = "shards"  # shards/<i>-of-<n>/, one bundle each, inside the set's g
 SET_FILES = (META_FILE, SHARDS_DIR)
 SHARD_NAME = re.compile(r"[0-9]{5}-of-[0-9]{5}")  # one path component, as the vectors' shards
 FIX = "rebuild the set with `pactl index VECTORS --keep-shards`"
+BUNDLE_FIX = "rebuild the bundle"  # how a bundle's refusal begins its advice
 Parts = Sequence[tuple[np.ndarray, ItemTable]]  # per shard: its vectors and items
 
 
@@ -85,7 +86,10 @@ def verify_bundle_or_set(path: Path, reporter: Reporter | None = None) -> checks
     bundle = load_set(path)
     checked = []
     for entry in bundle.meta["shards"]:
-        found = verify_bundle(path / entry["folder"], reporter)
+        try:
+            found = verify_bundle(path / entry["folder"], reporter)
+        except PactlError as e:
+            raise shard_damaged(path, entry["folder"], e) from None
         if found is None:  # a set's shards are written with checksums: never older
             raise PactlError(f"{path / entry['folder']} records no checksums: {FIX}")
         checked.append((entry["folder"], found))
@@ -344,7 +348,17 @@ def _open_shard(path: Path, folder: str, mmap: bool) -> Bundle:
     try:
         return load_bundle(where, mmap)
     except PactlError as e:
-        raise PactlError(f"bundle set {path}: shard bundle {folder} is damaged: {e}") from None
+        raise shard_damaged(path, folder, e) from None
+
+
+def shard_damaged(path: Path, folder: str, error: PactlError) -> PactlError:
+    """A shard bundle's own refusal, said of its set: its advice to rebuild the bundle becomes
+    the set's, since a shard rebuilt alone is trained apart from the others."""
+    reason = str(error)
+    cut = reason.find(BUNDLE_FIX)
+    if cut >= 0:
+        reason = f"{reason[:cut].rstrip(' :;,')}: {FIX}"
+    return PactlError(f"bundle set {path}: shard bundle {folder} is damaged: {reason}")
 
 
 def _codes(index: Any) -> Any:

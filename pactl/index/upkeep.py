@@ -72,6 +72,7 @@ def add_to_bundle(
     """
     with writer_lock(bundle_dir):
         bundle = load_bundle(bundle_dir, mmap=False)
+        refuse_set_shard(bundle_dir, bundle.meta)
         x = as_matrix(vectors, "vectors")
         _check_same_model(bundle, bundle_dir, x.shape[1], meta_check)
         if len(items) != len(x):
@@ -103,6 +104,18 @@ def add_to_bundle(
                 add_vectors(index, x, new.ids, reporter or QUIET)
             dead = np.union1d(bundle.deleted, gone)
             write_bundle(gen, index, items, bundle.meta, dead, bundle.removed)
+
+
+def refuse_set_shard(bundle_dir: Path, meta: dict[str, Any]) -> None:
+    """A bundle set's shard bundle (its meta.json records the trained index the set's shards
+    share, pactl.index.sets) changes only with its set: added to or deleted from alone, it
+    would no longer be the shard the set recorded, and the set would refuse to load."""
+    if "trained_digest" in meta:
+        raise PactlError(
+            f"{bundle_dir} is a shard bundle of a bundle set, which changes as a whole: "
+            "rebuild the set with `pactl index VECTORS --keep-shards` (its vectors folder "
+            "changed as wanted)"
+        )
 
 
 def _check_same_model(bundle: Bundle, bundle_dir: Path, dim: int, meta: dict[str, Any]) -> None:
@@ -140,6 +153,7 @@ def delete_items(
             bundle_dir, lambda gen: (gen, *read_tables(bundle_dir, gen))
         )
         check_count(bundle_dir, meta, items, dead)
+        refuse_set_shard(bundle_dir, meta)
         wanted = _resolve(bundle_dir, items, ids, paths)
         fresh = np.setdiff1d(wanted, dead)
         if len(fresh) == 0:
@@ -211,6 +225,7 @@ def compact_bundle(bundle_dir: Path, reporter: Reporter | None = None) -> dict[s
     log = reporter or QUIET
     with writer_lock(bundle_dir):
         bundle = load_bundle(bundle_dir, mmap=False)
+        refuse_set_shard(bundle_dir, bundle.meta)
         dead = bundle.deleted
         if len(dead) == 0:
             _tidy(bundle_dir)

@@ -43,13 +43,14 @@ def add_to_index(
 
     `checkpoint`: the bundle's checkpoint where it lies now (its recorded place may be gone);
     one with other weights than the bundle's is refused before any work."""
-    from pactl.index import check_folder, load_bundle
+    from pactl.index import check_folder, load_bundle, refuse_set_shard
     from pactl.store.generations import remove_stale, writer_lock
 
     check_folder(bundle_dir)
     with writer_lock(bundle_dir):  # one writer at a time; queries go on reading
         remove_stale(bundle_dir)  # a .add left by a killed --add
         bundle = load_bundle(bundle_dir, mmap=False)  # handed over: freed before the add
+        refuse_set_shard(bundle_dir, bundle.meta)  # before any image is embedded
         if not records_network(bundle.meta):
             raise no_network(bundle_dir, "an add (`--add`, Index.add)", ADD_INSTEAD)
         if checkpoint is not None:
