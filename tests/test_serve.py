@@ -36,10 +36,11 @@ class Service:
     process: subprocess.Popen[bytes]
     root: Path  # holds imgs/, bundle/, allowed/, outside/
     log: Path
+    served: str = "bundle"  # the folder under root that is served (a bundle or a bundle set)
 
     @property
     def bundle(self) -> Path:
-        return self.root / "bundle"
+        return self.root / self.served
 
     @property
     def images(self) -> list[Path]:
@@ -92,14 +93,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_service(root: Path, *extra: str) -> Service:
-    """`pactl serve root/bundle` as a subprocess; returns once /health answers."""
+def start_service(root: Path, *extra: str, served: str = "bundle") -> Service:
+    """`pactl serve root/SERVED` as a subprocess; returns once /health answers."""
     port = free_port()
     log = root / f"serve-{port}.log"
-    command = [sys.executable, "-m", "pactl", "serve", str(root / "bundle"), "--port", str(port)]
+    command = [sys.executable, "-m", "pactl", "serve", str(root / served), "--port", str(port)]
     with open(log, "wb") as sink:
         process = subprocess.Popen([*command, *extra], stdout=sink, stderr=sink, cwd=root)
-    service = Service(f"http://127.0.0.1:{port}", process, root, log)
+    service = Service(f"http://127.0.0.1:{port}", process, root, log, served)
     deadline = time.monotonic() + START_DEADLINE_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
