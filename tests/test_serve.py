@@ -413,7 +413,7 @@ def test_serve_without_a_bundle_takes_the_latest_runs(monkeypatch: Any, capsys: 
     )
     # The bundles here are only their meta.json: which one is taken is the question, not
     # whether its files check out (test_bundle_integrity.py asks that).
-    monkeypatch.setattr(pactl.index, "verify_bundle", lambda bundle, log: None)
+    monkeypatch.setattr(pactl.index, "verify_bundle_or_set", lambda bundle, log: None)
     for run, age in (("old", 100), ("new", 0)):
         (runs / run / "index").mkdir(parents=True)
         meta = runs / run / "index" / "meta.json"
