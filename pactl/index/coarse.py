@@ -64,7 +64,7 @@ def two_level_centroids(sample: np.ndarray, nlist: int, seed: int, spherical: bo
         fine.cp.max_points_per_centroid = max(256, len(points) // k + 1)
         fine.cp.min_points_per_centroid = 1  # a small group is still cut (FAISS would warn)
         fine.train(points)
-        out.append(fine.centroids)
+        out.append(np.asarray(fine.centroids))
     return np.ascontiguousarray(np.vstack(out), dtype=np.float32)
 
 
