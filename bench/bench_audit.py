@@ -7,6 +7,9 @@ audit of 1,000,000 items through a bundle's FAISS index.
     python -m bench audit copies-scale --set /tmp/pactl-real/fashion [--n 1000000]
     python -m bench audit descriptor --work /tmp/copies [--vectors EMBED_FOLDER]
     python -m bench audit lookalikes --work /tmp/copies
+    python -m bench audit photos --n 2000 --work /tmp/pactl-audit-photos
+
+photos: the label-free audit of --n photo-sized JPEGs, stage by stage (bench_audit_photos).
 
 labels: each RUN trained with --label-noise (noise.csv lists the changed rows) is audited on the
 labels it trained with; among its training rows, every score's ranking of the changed labels:
@@ -523,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             "retrain",
             "descriptor",
             "lookalikes",
+            "photos",
         ),
     )
     p.add_argument("runs", nargs="*", type=Path)
@@ -530,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("/tmp/pactl-audit-bench"))
     p.add_argument("--copies", type=int, default=200)
     p.add_argument("--copy-threshold", type=float, default=None, help="copies: not calibrated")
-    p.add_argument("--n", type=int, default=1_000_000)
+    p.add_argument("--n", type=int, default=None, help="items (photos: 2,000; else 1,000,000)")
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vectors", type=Path, default=None, help="descriptor: an embed folder")
@@ -545,13 +549,17 @@ def main(argv: list[str] | None = None) -> int:
             args.runs[0], args.source, args.work, args.copies, args.seed, args.copy_threshold
         )
     elif args.mode == "copies-scale":
-        copies_scale_mode(args.source, args.n, args.seed)
+        copies_scale_mode(args.source, args.n or 1_000_000, args.seed)
     elif args.mode == "descriptor":
         original_ranks(args.work / "planted.csv", args.work / "copies.csv", args.vectors)
     elif args.mode == "lookalikes":
         lookalikes_mode(args.work / "planted.csv", args.seed)
+    elif args.mode == "photos":
+        from bench.bench_audit_photos import photos_mode
+
+        photos_mode(args.work, args.n or 2000, args.seed)
     else:
-        scale_mode(args.work, args.n, args.dim, args.seed)
+        scale_mode(args.work, args.n or 1_000_000, args.dim, args.seed)
     return 0
 
 

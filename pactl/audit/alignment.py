@@ -1,8 +1,9 @@
 """Whether one image is a changed copy of another, pixel by pixel: the copy resized onto a box
-of the original (every box size near the one the descriptors proposed, at every offset), both
-blurred alike, placed where their grey levels differ least, and the root-mean-square difference
-of that placement over the three colour channels: grey alone would take a red shape and the
-same shape in blue (or any colour of the same brightness) for copies.
+of the original (box sizes near the one the descriptors proposed, every second one first, then
+those around the best; at every offset), both blurred alike, placed where their grey levels
+differ least, and the root-mean-square difference of that placement over the three colour
+channels: grey alone would take a red shape and the same shape in blue (or any colour of the
+same brightness) for copies.
 
 Thumbnails propose candidates (pactl.audit.thumbnails); they cannot tell a copy from a look-alike
 garment or glyph, whose silhouettes agree. Aligned at full size, a copy differs from its
