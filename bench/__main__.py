@@ -43,6 +43,8 @@ BENCHES = {
                   ("--quick",)),
     "index": Bench("bench_index", "the default index against exact search, 1,000,000 x 512",
                    ("--quick",)),
+    "coarse": Bench("bench_coarse", "two-level k-means against one level for an IVF's lists",
+                    ("--quick",)),
     "autofaiss": Bench("bench_autofaiss", "pactl index against autofaiss",
                        ("--n", "20000", "--dim", "64", "--queries", "100"),
                        "autofaiss in its own virtualenv (--autofaiss-python)"),
