@@ -164,3 +164,34 @@ def test_a_rotation_that_keeps_every_cosine_is_not_lossy() -> None:
         index = faiss.index_factory(16, factory, faiss.METRIC_INNER_PRODUCT)
         index.train(x)
         assert lossy(index) is cut, factory
+
+
+def _vm_flags(path: Path) -> list[str]:
+    """The VmFlags of each mapping of `path` in this process (/proc/self/smaps)."""
+    flags, current = [], False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1].isdigit() or line[:1] in "abcdef" and "-" in line.split()[0]:
+            current = line.rstrip().endswith(str(path))
+        elif current and line.startswith("VmFlags:"):
+            flags.append(line)
+    return flags
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's /proc")
+def test_rescoring_reads_the_floats_at_random_without_read_around(tmp_path: Path) -> None:
+    """A page fault in floats.npy must read that page alone (MADV_RANDOM: "rr" in VmFlags),
+    not the kernel's read-around of up to read_ahead_kb: scattered candidate rows from a file
+    larger than memory otherwise read megabytes each."""
+    from pactl.index.rescoring import rescore
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "floats.npy"
+    np.save(path, unit(rng.standard_normal((2_000, 16))).astype(np.float32))
+    floats = np.load(path, mmap_mode="r")
+    assert _vm_flags(path) and not any(" rr" in f for f in _vm_flags(path))
+    queries = unit(rng.standard_normal((3, 16))).astype(np.float32)
+    found = rng.integers(0, 2_000, (3, 8))
+    scores, ids = rescore(floats, lambda x: x, queries, found, 4)
+    assert any(" rr" in f for f in _vm_flags(path))
+    expected = np.sort(np.einsum("bmd,bd->bm", np.asarray(floats)[found], queries), axis=1)
+    np.testing.assert_allclose(scores, expected[:, ::-1][:, :4], rtol=1e-6)

@@ -19,7 +19,7 @@ import numpy as np
 
 from pactl.console import Reporter
 from pactl.errors import PactlError
-from pactl.index.mapped import Part, blocks, count_rows, drop_pages
+from pactl.index.mapped import Part, blocks, count_rows, drop_pages, random_access
 
 MAX_RESCORE = 10_000  # candidates per hit a search may be asked to rescore
 RESCORE_BYTES = 32 * 2**20  # gathered candidate vectors per block of queries
@@ -108,6 +108,7 @@ def rescore(
     vectors), each block's candidates read once, in file order, and their pages dropped from
     the process after (pactl.index.mapped.drop_pages): memory stays the block's whatever the
     number of queries or the size of the file."""
+    random_access(floats)  # scattered rows: no read-around of each page fault
     at = positions(found)  # (nq, m) rows of `floats`, -1 for none
     if ((found >= 0) & (at < 0)).any():
         raise PactlError("a candidate of the binary index is not an item: rebuild the bundle")
