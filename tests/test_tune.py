@@ -108,6 +108,23 @@ def test_the_query_budget_is_named_as_the_limit(data: np.ndarray) -> None:
     assert record["target_reached"] is False and record["limited_by"] == "query time"
 
 
+def test_every_option_a_shortfall_line_names_is_an_option_of_pactl_index() -> None:
+    """The warning tells the user what to pass: each --option it names must exist."""
+    import re
+
+    from typer.main import get_command
+
+    from pactl.cli import app
+    from pactl.index.tune import Choice, shortfall_words
+
+    index = get_command(app).commands["index"]  # type: ignore[attr-defined]
+    options = {name for param in index.params for name in param.opts}
+    for limit in ("query time", "tuning time", "coverage", "codes"):
+        line = shortfall_words(Choice("nprobe=8", 0.9, limit, None), 0.95, 10.0)
+        named = set(re.findall(r"--[a-z][a-z0-9-]*", line))
+        assert named and named <= options, (limit, named - options)
+
+
 def test_a_slow_climb_is_not_taken_for_a_ceiling() -> None:
     """Recall that grows by less than the plateau for one doubling and then grows again (the
     10M index's nprobe 2 -> 4) goes on climbing; two flat doublings in a row stop it."""

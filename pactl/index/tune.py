@@ -310,7 +310,7 @@ def shortfall_words(choice: Choice, target: float, budget_ms: float) -> str:
         ms = point.ms if point is not None else float("nan")
         return (
             f"{head}: limited by query time ({ms:.2f} ms a query, over the budget of "
-            f"{budget_ms:g} ms); --query-budget MS higher searches wider"
+            f"{budget_ms:g} ms); a higher --query-budget-ms searches wider"
         )
     if choice.limited_by == "tuning time":
         return (
