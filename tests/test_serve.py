@@ -66,6 +66,15 @@ def _cli(args: list[str]) -> None:
 def build_bundle(root: Path) -> None:
     """root/imgs (4 classes x 4 images), root/best.pt (an untrained TINY network, made in a
     fraction of a second), root/bundle."""
+    tiny_images_and_checkpoint(root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACTL_HOME", str(root / "home"))
+        patch.chdir(root)
+        _cli(["index", "imgs", "--checkpoint", "best.pt", "--out", "bundle", "--quiet"])
+
+
+def tiny_images_and_checkpoint(root: Path) -> None:
+    """root/imgs (4 classes x 4 images) and root/best.pt (an untrained TINY network)."""
     import torch
 
     from pactl import checkpoint
@@ -81,10 +90,6 @@ def build_bundle(root: Path) -> None:
     weights = checkpoint.clean_state_dict(net)
     classes = [f"class_{c}" for c in range(4)]
     checkpoint.save(root / "best.pt", checkpoint.export_payload(weights, filled, classes, 1, {}))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PACTL_HOME", str(root / "home"))
-        patch.chdir(root)
-        _cli(["index", "imgs", "--checkpoint", "best.pt", "--out", "bundle", "--quiet"])
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import make_class_folder, one_error, run_cli
+from conftest import one_error, run_cli
 from test_serve import (
     Service,
     _cli,
@@ -21,6 +21,7 @@ from test_serve import (
     same_hits,
     start_service,
     stop_service,
+    tiny_images_and_checkpoint,
 )
 
 from pactl.store.generations import current_dir
@@ -34,21 +35,7 @@ def build_set_and_bundle(root: Path) -> None:
     """root/imgs (4 classes x 4 images), root/best.pt (an untrained tiny network),
     root/vectors (its embeddings), root/set (a bundle set of them, three shard bundles) and
     root/one (the one bundle of the same vectors)."""
-    import torch
-
-    from pactl import checkpoint
-    from pactl.config import ModelConfig
-    from pactl.model import build_model
-
-    make_class_folder(root / "imgs", classes=4, per_class=4)
-    config = ModelConfig(
-        backbone="small", weights="none", embedding_dim=16, image_size=16, resize_size=16
-    )
-    torch.manual_seed(0)
-    net, filled = build_model(config)
-    weights = checkpoint.clean_state_dict(net)
-    classes = [f"class_{c}" for c in range(4)]
-    checkpoint.save(root / "best.pt", checkpoint.export_payload(weights, filled, classes, 1, {}))
+    tiny_images_and_checkpoint(root)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PACTL_HOME", str(root / "home"))
         patch.chdir(root)
